@@ -1,0 +1,22 @@
+"""elmokit: ELMo (deep contextualized word representations) in PyTorch."""
+
+from .bilm import BiLM, BiLMOutput
+from .characters import batch_to_ids
+from .elmo import Elmo, ElmoOutput
+from .options import BiLMOptions, OptionsError
+from .scalar_mix import ScalarMix
+from .weights import WeightFileError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BiLM",
+    "BiLMOptions",
+    "BiLMOutput",
+    "Elmo",
+    "ElmoOutput",
+    "OptionsError",
+    "ScalarMix",
+    "WeightFileError",
+    "batch_to_ids",
+]

@@ -1,0 +1,84 @@
+"""The context-independent token encoder: character CNN -> highway layers -> projection."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .highway import Highway
+from .options import CharCNNOptions
+
+
+class CharCNN(nn.Module):
+    """Character embedding and max-pooled convolutions: (n_tokens, max_chars) -> (n_tokens, n_filters).
+
+    Char ids are shifted (0 = no token, whose embedding row stays zero). As in the original, every
+    one of the ``max_chars`` positions, padding characters included, takes part in the max-pool.
+    """
+
+    def __init__(self, options: CharCNNOptions) -> None:
+        super().__init__()
+        self.max_chars = options.max_characters_per_token
+        self.embedding = nn.Embedding(options.n_characters, options.embedding_dim, padding_idx=0)
+        self.convolutions = nn.ModuleList(
+            nn.Conv1d(options.embedding_dim, n_filters, kernel_size=width)
+            for width, n_filters in options.filters
+        )
+        self.activation = torch.tanh if options.activation == "tanh" else torch.relu
+        self._tanh = options.activation == "tanh"
+        self.reset_parameters()
+
+    @property
+    def output_dim(self) -> int:
+        return sum(conv.out_channels for conv in self.convolutions)
+
+    def reset_parameters(self) -> None:
+        """The original's initialisation (uniform +-1 embeddings; Kim et al. or Glorot filters)."""
+        nn.init.uniform_(self.embedding.weight, -1.0, 1.0)
+        with torch.no_grad():
+            self.embedding.weight[0].zero_()
+        for conv in self.convolutions:
+            if self._tanh:
+                fan_in = conv.kernel_size[0] * conv.in_channels
+                nn.init.normal_(conv.weight, std=(1.0 / fan_in) ** 0.5)
+            else:
+                nn.init.uniform_(conv.weight, -0.05, 0.05)
+            nn.init.zeros_(conv.bias)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(n_tokens, max_chars) shifted ids -> (n_tokens, n_filters)."""
+        x = self.embedding(char_ids).transpose(1, 2)  # (n_tokens, char_dim, max_chars)
+        pooled = [conv(x).amax(dim=-1) for conv in self.convolutions]
+        return self.activation(torch.cat(pooled, dim=-1))
+
+
+class TokenEncoder(nn.Module):
+    """Char CNN, highway layers and projection: char ids (..., max_chars) -> (..., projection_dim).
+
+    The CNN runs once per distinct token of the input; the result is identical to running it on
+    every position.
+    """
+
+    def __init__(self, options: CharCNNOptions, projection_dim: int) -> None:
+        super().__init__()
+        self.char_cnn = CharCNN(options)
+        n_filters = self.char_cnn.output_dim
+        self.highway = Highway(n_filters, options.n_highway)
+        self.projection: nn.Linear | None = None
+        if n_filters != projection_dim:
+            self.projection = nn.Linear(n_filters, projection_dim)
+            nn.init.normal_(self.projection.weight, std=(1.0 / n_filters) ** 0.5)
+            nn.init.zeros_(self.projection.bias)
+        self.output_dim = projection_dim
+
+    def encode_unique(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(n_tokens, max_chars) -> (n_tokens, projection_dim), one CNN pass per row."""
+        x = self.highway(self.char_cnn(char_ids))
+        return x if self.projection is None else self.projection(x)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(..., max_chars) -> (..., projection_dim); the CNN runs once per distinct token."""
+        flat = char_ids.reshape(-1, char_ids.shape[-1])
+        unique, inverse = torch.unique(flat, dim=0, return_inverse=True)
+        encoded = self.encode_unique(unique)[inverse]
+        return encoded.reshape(*char_ids.shape[:-1], self.output_dim)

@@ -1,0 +1,91 @@
+"""The character id scheme of ELMo's token encoder.
+
+A token is its UTF-8 bytes (0..255) wrapped as [begin-of-word, bytes..., end-of-word] and padded to
+``max_characters_per_token``. Sentence boundary tokens use the reserved ids 256 (<S>) and 257 (</S>).
+At run time every id is shifted by +1 so that 0 means "no token" (padding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+MAX_CHARACTERS_PER_TOKEN = 50
+BEGIN_OF_SENTENCE_CHAR = 256  # <S>
+END_OF_SENTENCE_CHAR = 257  # </S>
+BEGIN_OF_WORD_CHAR = 258
+END_OF_WORD_CHAR = 259
+PADDING_CHAR = 260
+BOS_TOKEN = "<S>"
+EOS_TOKEN = "</S>"
+
+
+def _marker_ids(char: int, max_chars: int) -> tuple[int, ...]:
+    ids = [PADDING_CHAR] * max_chars
+    ids[:3] = [BEGIN_OF_WORD_CHAR, char, END_OF_WORD_CHAR]
+    return tuple(ids)
+
+
+@lru_cache(maxsize=200_000)
+def token_to_ids(token: str, max_chars: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[int, ...]:
+    """Unshifted character ids (0..260) of one token, length ``max_chars``.
+
+    ``<S>`` and ``</S>`` map to the sentence boundary ids. A token longer than ``max_chars - 2``
+    bytes keeps its first ``max_chars - 2`` bytes.
+    """
+    if not isinstance(token, str):
+        raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
+    if token == "":
+        raise ValueError("empty token: every token must have at least one character")
+    if max_chars < 3:
+        raise ValueError(f"max_characters_per_token must be at least 3, got {max_chars}")
+    if token == BOS_TOKEN:
+        return _marker_ids(BEGIN_OF_SENTENCE_CHAR, max_chars)
+    if token == EOS_TOKEN:
+        return _marker_ids(END_OF_SENTENCE_CHAR, max_chars)
+    body = list(token.encode("utf-8", "ignore")[: max_chars - 2])
+    ids = [BEGIN_OF_WORD_CHAR, *body, END_OF_WORD_CHAR]
+    return tuple(ids + [PADDING_CHAR] * (max_chars - len(ids)))
+
+
+def tokens_to_ids(tokens: Sequence[str], max_chars: int = MAX_CHARACTERS_PER_TOKEN) -> torch.Tensor:
+    """Shifted character ids of a token list: LongTensor (n_tokens, max_chars), values 1..261."""
+    if len(tokens) == 0:
+        return torch.zeros((0, max_chars), dtype=torch.long)
+    ids = torch.tensor([token_to_ids(t, max_chars) for t in tokens], dtype=torch.long)
+    return ids + 1
+
+
+def batch_to_ids(
+    sentences: Sequence[Sequence[str]], max_chars: int = MAX_CHARACTERS_PER_TOKEN
+) -> torch.Tensor:
+    """Character ids of pre-tokenized sentences: LongTensor (batch, timesteps, max_chars).
+
+    No sentence boundary tokens are added (the biLM adds them). Ids are shifted by +1; rows past a
+    sentence's end are all 0 (padding). ``timesteps`` is the longest sentence's length.
+    """
+    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
+        raise TypeError("sentences must be a list of token lists, e.g. [['Hello', 'world']]")
+    if len(sentences) == 0:
+        raise ValueError("empty sentence list: give at least one sentence")
+    for i, sentence in enumerate(sentences):
+        if isinstance(sentence, str):
+            raise TypeError(
+                f"sentence {i} is a str, not a list of tokens; split it first, e.g. text.split()"
+            )
+    timesteps = max(len(s) for s in sentences)
+    out = torch.zeros((len(sentences), timesteps, max_chars), dtype=torch.long)
+    for i, sentence in enumerate(sentences):
+        try:
+            if len(sentence):
+                out[i, : len(sentence)] = tokens_to_ids(sentence, max_chars)
+        except ValueError as err:
+            raise ValueError(f"sentence {i}: {err}") from None
+    return out
+
+
+def lengths_from_ids(char_ids: torch.Tensor) -> torch.Tensor:
+    """Number of real tokens per row of char ids (batch, timesteps, max_chars) -> (batch,)."""
+    return (char_ids > 0).any(dim=-1).sum(dim=-1)

@@ -1,0 +1,84 @@
+"""ELMo for downstream models: a biLM plus one task-specific scalar mix per output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .bilm import BiLM
+from .scalar_mix import ScalarMix
+
+
+@dataclass
+class ElmoOutput:
+    """representations: num_output_representations tensors (batch, timesteps, 2 * projection_dim);
+    mask: (batch, timesteps)."""
+
+    representations: list[torch.Tensor]
+    mask: torch.Tensor
+
+
+class Elmo(nn.Module):
+    """Compute ``num_output_representations`` learned mixes of the biLM layers, with dropout.
+
+    Build it from the original files (``Elmo(options_file, weight_file, n)``) or from a BiLM you
+    already have (``Elmo(bilm=model, num_output_representations=n)``). The biLM is frozen unless
+    ``requires_grad``; each mix's weights and gamma are trained with the task model.
+    """
+
+    def __init__(
+        self,
+        options_file: str | Path | None = None,
+        weight_file: str | Path | None = None,
+        num_output_representations: int = 1,
+        dropout: float = 0.5,
+        requires_grad: bool = False,
+        do_layer_norm: bool = False,
+        keep_sentence_boundaries: bool = False,
+        stateful: bool = False,
+        *,
+        bilm: BiLM | None = None,
+        scalar_mix_parameters: list[float] | None = None,
+    ) -> None:
+        super().__init__()
+        if bilm is None:
+            if options_file is None or weight_file is None:
+                raise ValueError("give options_file and weight_file, or bilm=")
+            bilm = BiLM.load(options_file, weight_file, stateful=stateful)
+        elif options_file is not None or weight_file is not None:
+            raise ValueError("give either options_file and weight_file or bilm=, not both")
+        else:
+            bilm.stateful = stateful
+        if num_output_representations < 1:
+            raise ValueError(
+                f"num_output_representations must be at least 1, got {num_output_representations}"
+            )
+        self.bilm = bilm
+        self.bilm.requires_grad_(requires_grad)
+        self.keep_sentence_boundaries = keep_sentence_boundaries
+        self.dropout = nn.Dropout(dropout)
+        trainable = scalar_mix_parameters is None
+        self.scalar_mixes = nn.ModuleList(
+            ScalarMix(
+                bilm.num_layers,
+                do_layer_norm=do_layer_norm,
+                initial_scalar_parameters=scalar_mix_parameters,
+                trainable=trainable,
+            )
+            for _ in range(num_output_representations)
+        )
+
+    @property
+    def output_dim(self) -> int:
+        return self.bilm.output_dim
+
+    def forward(self, char_ids: torch.Tensor) -> ElmoOutput:
+        """char_ids (batch, timesteps, max_chars) from ``batch_to_ids`` -> ElmoOutput."""
+        out = self.bilm(char_ids, keep_sentence_boundaries=self.keep_sentence_boundaries)
+        representations = [
+            self.dropout(mix(out.layers, out.mask)) for mix in self.scalar_mixes
+        ]
+        return ElmoOutput(representations, out.mask)

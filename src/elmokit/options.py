@@ -1,0 +1,175 @@
+"""The model description of the original options.json, read and checked in one place."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .characters import MAX_CHARACTERS_PER_TOKEN
+
+
+class OptionsError(ValueError):
+    """options.json is missing a field or holds a value the model cannot use."""
+
+
+@dataclass(frozen=True)
+class CharCNNOptions:
+    """Character CNN token encoder: embedding, filters [[width, n_filters], ...], highway layers."""
+
+    embedding_dim: int
+    filters: tuple[tuple[int, int], ...]
+    n_highway: int
+    activation: str = "relu"
+    n_characters: int = 262
+    max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN
+
+    @property
+    def n_filters(self) -> int:
+        return sum(n for _, n in self.filters)
+
+
+@dataclass(frozen=True)
+class LstmOptions:
+    """Forward and backward LSTM stacks with a projection (and optional clips and skips)."""
+
+    dim: int
+    projection_dim: int
+    n_layers: int
+    cell_clip: float | None = None
+    proj_clip: float | None = None
+    use_skip_connections: bool = False
+
+    @property
+    def has_projection(self) -> bool:
+        return self.projection_dim < self.dim
+
+
+@dataclass(frozen=True)
+class BiLMOptions:
+    """Everything options.json says about the biLM's shape."""
+
+    lstm: LstmOptions
+    char_cnn: CharCNNOptions
+
+    @property
+    def output_dim(self) -> int:
+        """Size of one biLM layer: [forward; backward]."""
+        return 2 * self.lstm.projection_dim
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers for downstream use: the token layer plus the LSTM layers."""
+        return self.lstm.n_layers + 1
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any], source: str = "options") -> BiLMOptions:
+        """Check and read an options dict as bilm-tf writes it."""
+        if not isinstance(options, dict):
+            raise OptionsError(f"{source}: expected a JSON object, got {type(options).__name__}")
+        lstm = _section(options, "lstm", source)
+        cnn = _section(options, "char_cnn", source)
+        embedding = _section(cnn, "embedding", f"{source}: char_cnn")
+        filters = tuple(tuple(int(v) for v in f) for f in _field(cnn, "filters", source, "char_cnn"))
+        if not filters or any(len(f) != 2 or f[0] < 1 or f[1] < 1 for f in filters):
+            raise OptionsError(
+                f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] pairs "
+                f"of positive ints, got {cnn['filters']!r}"
+            )
+        activation = cnn.get("activation", "relu")
+        if activation not in ("relu", "tanh"):
+            raise OptionsError(f"{source}: char_cnn.activation must be relu or tanh, got {activation!r}")
+        char_cnn = CharCNNOptions(
+            embedding_dim=int(_field(embedding, "dim", source, "char_cnn.embedding")),
+            filters=filters,
+            n_highway=int(_field(cnn, "n_highway", source, "char_cnn")),
+            activation=activation,
+            n_characters=int(cnn.get("n_characters", 262)),
+            max_characters_per_token=int(
+                cnn.get("max_characters_per_token", MAX_CHARACTERS_PER_TOKEN)
+            ),
+        )
+        if max(w for w, _ in filters) > char_cnn.max_characters_per_token:
+            raise OptionsError(
+                f"{source}: a filter is wider ({max(w for w, _ in filters)}) than "
+                f"max_characters_per_token ({char_cnn.max_characters_per_token})"
+            )
+        lstm_options = LstmOptions(
+            dim=int(_field(lstm, "dim", source, "lstm")),
+            projection_dim=int(_field(lstm, "projection_dim", source, "lstm")),
+            n_layers=int(_field(lstm, "n_layers", source, "lstm")),
+            cell_clip=_optional_float(lstm.get("cell_clip")),
+            proj_clip=_optional_float(lstm.get("proj_clip")),
+            use_skip_connections=bool(lstm.get("use_skip_connections", False)),
+        )
+        if lstm_options.projection_dim > lstm_options.dim:
+            raise OptionsError(
+                f"{source}: lstm.projection_dim ({lstm_options.projection_dim}) is larger than "
+                f"lstm.dim ({lstm_options.dim})"
+            )
+        if char_cnn.n_filters < lstm_options.projection_dim:
+            raise OptionsError(
+                f"{source}: the char CNN has {char_cnn.n_filters} filters, fewer than "
+                f"lstm.projection_dim ({lstm_options.projection_dim})"
+            )
+        return cls(lstm=lstm_options, char_cnn=char_cnn)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> BiLMOptions:
+        """Read options.json."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"options file not found: {path}")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise OptionsError(f"{path}: not valid JSON ({err})") from None
+        return cls.from_dict(data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options.json content, in the original's field names."""
+        lstm: dict[str, Any] = {
+            "dim": self.lstm.dim,
+            "projection_dim": self.lstm.projection_dim,
+            "n_layers": self.lstm.n_layers,
+            "use_skip_connections": self.lstm.use_skip_connections,
+        }
+        if self.lstm.cell_clip is not None:
+            lstm["cell_clip"] = self.lstm.cell_clip
+        if self.lstm.proj_clip is not None:
+            lstm["proj_clip"] = self.lstm.proj_clip
+        cnn = self.char_cnn
+        return {
+            "lstm": lstm,
+            "char_cnn": {
+                "embedding": {"dim": cnn.embedding_dim},
+                "filters": [list(f) for f in cnn.filters],
+                "n_highway": cnn.n_highway,
+                "n_characters": cnn.n_characters,
+                "max_characters_per_token": cnn.max_characters_per_token,
+                "activation": cnn.activation,
+            },
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write options.json."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def _section(options: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    if name not in options:
+        raise OptionsError(f"{source}: missing required field {name!r}")
+    if not isinstance(options[name], dict):
+        raise OptionsError(f"{source}: field {name!r} must be an object")
+    return options[name]
+
+
+def _field(section: dict[str, Any], name: str, source: str, where: str) -> Any:
+    if name not in section:
+        raise OptionsError(f"{source}: missing required field '{where}.{name}'")
+    return section[name]
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

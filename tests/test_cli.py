@@ -9,7 +9,10 @@ def test_demo_prints_context_free_layer_zero_and_contextual_layers(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "layers tensor (3, 3, 11, 32)" in out
-    rows = {m.group(1): [float(x) for x in m.group(2).split()] for m in re.finditer(r"^\s+(\d) \(.*?\)\s+([-\d. ]+)$", out, re.M)}
+    rows = {
+        m.group(1): [float(x) for x in m.group(2).split()]
+        for m in re.finditer(r"^\s+(\d) \(.*?\)\s+([-\d. ]+)$", out, re.M)
+    }
     assert rows["0"] == [1.0, 1.0, 1.0]
     assert all(v < 0.999 for v in rows["1"] + rows["2"])
 

@@ -18,7 +18,11 @@ from .reference import reference_layers
 def _datasets(path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     out = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda n, o: out.__setitem__(n, (o.shape, o.dtype)) if isinstance(o, h5py.Dataset) else None)
+        f.visititems(
+            lambda n, o: (
+                out.__setitem__(n, (o.shape, o.dtype)) if isinstance(o, h5py.Dataset) else None
+            )
+        )
     return out
 
 
@@ -49,10 +53,13 @@ VARIANTS = {
         o["lstm"].update(use_skip_connections=False),
     ),
     "no_clips_three_layers": lambda o: (
-        o["lstm"].pop("cell_clip"), o["lstm"].pop("proj_clip"), o["lstm"].update(n_layers=3)
+        o["lstm"].pop("cell_clip"),
+        o["lstm"].pop("proj_clip"),
+        o["lstm"].update(n_layers=3),
     ),
     "one_layer_short_tokens": lambda o: (
-        o["lstm"].update(n_layers=1), o["char_cnn"].update(max_characters_per_token=12)
+        o["lstm"].update(n_layers=1),
+        o["char_cnn"].update(max_characters_per_token=12),
     ),
     "no_lstm_projection": lambda o: o["lstm"].update(dim=16),
     "no_cnn_projection": lambda o: o["char_cnn"].update(filters=[[1, 6], [3, 10]]),
@@ -73,7 +80,9 @@ def test_option_variants_match_reference_and_round_trip(variant, tiny_options, t
     assert saved["lstm"].get("cell_clip") == options["lstm"].get("cell_clip")
     sentence = "The quick brown fox jumped over the extraordinarily-long-hyphenated dog .".split()
     with torch.no_grad():
-        got = BiLM.load(tmp_path / "o.json", tmp_path / "w.hdf5")(batch_to_ids([sentence], max_chars=model.options.char_cnn.max_characters_per_token))
+        got = BiLM.load(tmp_path / "o.json", tmp_path / "w.hdf5")(
+            batch_to_ids([sentence], max_chars=model.options.char_cnn.max_characters_per_token)
+        )
     ref = reference_layers(str(tmp_path / "w.hdf5"), options, sentence)
     np.testing.assert_allclose(got.layers[:, 0].double().numpy(), ref, atol=1e-5)
 
@@ -92,7 +101,10 @@ def test_shape_disagreement_names_both_shapes(tiny_files, tiny_options, tmp_path
     options = copy.deepcopy(tiny_options)
     options["lstm"]["dim"] = 32
     (tmp_path / "o.json").write_text(json.dumps(options))
-    with pytest.raises(WeightFileError, match=r"RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0.*\(32, 256\).*\(32, 128\)"):
+    with pytest.raises(
+        WeightFileError,
+        match=r"RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0.*\(32, 256\).*\(32, 128\)",
+    ):
         BiLM.load(tmp_path / "o.json", tiny_files[1])
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -56,7 +59,9 @@ def demo(args: argparse.Namespace) -> int:
         norms = ", ".join(f"{float(v.norm()):.2f}" for v in vectors[i])
         print(f"  [{i}] {s}\n      |{word}| per layer: {norms}")
     print(f"\ncosine similarity of '{word}' between contexts, per layer:")
-    print(f"  {'layer':<16} " + "  ".join(f"{f'[{a}]-[{b}]':>9}" for a, b in [(0, 1), (0, 2), (1, 2)]))
+    print(
+        f"  {'layer':<16} " + "  ".join(f"{f'[{a}]-[{b}]':>9}" for a, b in [(0, 1), (0, 2), (1, 2)])
+    )
     for layer in range(out.layers.shape[0]):
         sims = [_cosine(vectors[a][layer], vectors[b][layer]) for a, b in [(0, 1), (0, 2), (1, 2)]]
         name = "0 (char CNN)" if layer == 0 else f"{layer} (biLSTM)"
@@ -74,6 +79,118 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_duration(text: str) -> float:
+    """Seconds in "90", "90s", "45m", "2h" or "1.5h"."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    text = text.strip().lower()
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90m, 2h)") from None
+
+
+def _read_config(value: str) -> dict:
+    from .options import PRESETS, preset
+
+    if value in PRESETS:
+        return preset(value)
+    path = Path(value)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--config {value!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def vocab(args: argparse.Namespace) -> int:
+    """Build a frequency-sorted vocabulary file from corpus files."""
+    from .data import Vocabulary, corpus_files, count_tokens
+
+    files = [f for pattern in args.corpus for f in corpus_files(pattern)]
+    counts = count_tokens(files)
+    if not counts:
+        raise ValueError(f"empty corpus: {' '.join(args.corpus)} holds no tokens")
+    built = Vocabulary.build(counts, min_count=args.min_count, max_size=args.max_size)
+    built.save(args.output)
+    total = sum(counts.values())
+    print(
+        f"{len(files)} files, {total:,} tokens, {len(counts):,} distinct; vocabulary of "
+        f"{len(built):,} (with <S>, </S>, <UNK>) written to {args.output}; it covers "
+        f"{built.coverage(counts):.2%} of the corpus tokens"
+    )
+    return 0
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """Train a biLM (or resume, or fine-tune from --init-from)."""
+    from .train import TrainConfig, launch
+
+    config = TrainConfig(
+        train=args.train,
+        vocab=args.vocab,
+        save_dir=args.save_dir,
+        options=_read_config(args.config) if not (args.resume or args.init_from) else {},
+        heldout=args.heldout,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        max_time=args.max_time,
+        batch_size=args.batch_size,
+        unroll_steps=args.unroll_steps,
+        n_negative_samples=args.n_negative_samples,
+        lr=args.lr,
+        dropout=args.dropout,
+        seed=args.seed,
+        device=args.device,
+        checkpoint_minutes=args.checkpoint_minutes,
+        init_from=args.init_from,
+    )
+    if config.epochs is None and config.max_steps is None and config.max_time is None:
+        config.epochs = 10
+    launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus)
+    print(
+        f"checkpoint and metrics.csv in {args.save_dir}; export with: elmokit export "
+        f"{args.save_dir} OUT_DIR"
+    )
+    return 0
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    """Held-out perplexity with the full softmax, as bilm-tf's test."""
+    from .data import corpus_files
+    from .train import evaluate_perplexity, load_language_model
+
+    model, vocabulary = load_language_model(args.model_dir, device=args.device)
+    files = corpus_files(args.heldout)
+    result = evaluate_perplexity(
+        model,
+        vocabulary,
+        files,
+        batch_size=args.batch_size,
+        device=args.device,
+        progress=not args.quiet,
+    )
+    print(f"held-out: {len(files)} files, {result.tokens:,} predictions per direction")
+    print(f"protocol: {result.protocol}")
+    print(
+        f"perplexity forward {result.forward:.2f}  backward {result.backward:.2f}  "
+        f"average {result.average:.2f} (exp of the mean loss of both directions; "
+        f"arithmetic mean of the two: {result.arithmetic_mean:.2f})"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(result), indent=2) + "\n")
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from .train import export_model
+
+    out = export_model(args.model_dir, args.out_dir)
+    print(f"wrote {out}/options.json, weights.hdf5 (original layout), vocab.txt, softmax.hdf5")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elmokit", description="ELMo: deep contextualized word representations."
@@ -84,6 +201,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
     p.set_defaults(func=demo)
+
+    p = sub.add_parser("vocab", help="build a frequency-sorted vocabulary from corpus files")
+    p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
+    p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
+    p.add_argument("--min-count", type=int, default=1)
+    p.add_argument("--max-size", type=int, default=None, help="including <S>, </S>, <UNK>")
+    p.set_defaults(func=vocab)
+
+    p = sub.add_parser("train", help="train a biLM with the original recipe")
+    p.add_argument("--train", required=True, help="glob of training text files")
+    p.add_argument("--vocab", required=True, help="vocabulary file (elmokit vocab)")
+    p.add_argument("--save-dir", required=True)
+    p.add_argument(
+        "--config",
+        default="small",
+        help="preset (tiny, small, medium, original) or a bilm-tf options .json",
+    )
+    p.add_argument("--heldout", help="glob of held-out files (evaluated at the end)")
+    stop = p.add_argument_group("when to stop (default: 10 epochs)")
+    stop.add_argument("--epochs", type=float)
+    stop.add_argument("--max-steps", type=int)
+    stop.add_argument("--max-time", type=parse_duration, help="e.g. 90m, 2h (this session)")
+    p.add_argument("--batch-size", type=int, default=128, help="per process")
+    p.add_argument("--unroll-steps", type=int, default=20)
+    p.add_argument("--n-negative-samples", type=int, default=8192)
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--gpus", help="spawn one process per listed GPU, e.g. 0,1,2")
+    p.add_argument("--nproc", type=int, default=1, help="CPU processes (gloo DDP)")
+    p.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
+    p.add_argument("--init-from", help="model folder to fine-tune from (new vocabulary allowed)")
+    p.set_defaults(func=train_command)
+
+    p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
+    p.add_argument("model_dir", help="training save dir or exported model folder")
+    p.add_argument("--heldout", required=True, help="glob of held-out files")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=evaluate_command)
+
+    p = sub.add_parser("export", help="write a trained model in the original layout")
+    p.add_argument("model_dir")
+    p.add_argument("out_dir")
+    p.set_defaults(func=export_command)
     return parser
 
 

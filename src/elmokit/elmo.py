@@ -78,7 +78,5 @@ class Elmo(nn.Module):
     def forward(self, char_ids: torch.Tensor) -> ElmoOutput:
         """char_ids (batch, timesteps, max_chars) from ``batch_to_ids`` -> ElmoOutput."""
         out = self.bilm(char_ids, keep_sentence_boundaries=self.keep_sentence_boundaries)
-        representations = [
-            self.dropout(mix(out.layers, out.mask)) for mix in self.scalar_mixes
-        ]
+        representations = [self.dropout(mix(out.layers, out.mask)) for mix in self.scalar_mixes]
         return ElmoOutput(representations, out.mask)

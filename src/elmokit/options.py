@@ -71,7 +71,9 @@ class BiLMOptions:
         lstm = _section(options, "lstm", source)
         cnn = _section(options, "char_cnn", source)
         embedding = _section(cnn, "embedding", f"{source}: char_cnn")
-        filters = tuple(tuple(int(v) for v in f) for f in _field(cnn, "filters", source, "char_cnn"))
+        filters = tuple(
+            tuple(int(v) for v in f) for f in _field(cnn, "filters", source, "char_cnn")
+        )
         if not filters or any(len(f) != 2 or f[0] < 1 or f[1] < 1 for f in filters):
             raise OptionsError(
                 f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] pairs "
@@ -79,7 +81,9 @@ class BiLMOptions:
             )
         activation = cnn.get("activation", "relu")
         if activation not in ("relu", "tanh"):
-            raise OptionsError(f"{source}: char_cnn.activation must be relu or tanh, got {activation!r}")
+            raise OptionsError(
+                f"{source}: char_cnn.activation must be relu or tanh, got {activation!r}"
+            )
         char_cnn = CharCNNOptions(
             embedding_dim=int(_field(embedding, "dim", source, "char_cnn.embedding")),
             filters=filters,
@@ -173,3 +177,43 @@ def _field(section: dict[str, Any], name: str, source: str, where: str) -> Any:
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+ORIGINAL_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
+
+
+def _preset(dim: int, projection_dim: int, n_highway: int, filters=ORIGINAL_FILTERS, char_dim=16):
+    return {
+        "lstm": {
+            "dim": dim,
+            "projection_dim": projection_dim,
+            "n_layers": 2,
+            "cell_clip": 3,
+            "proj_clip": 3,
+            "use_skip_connections": True,
+        },
+        "char_cnn": {
+            "embedding": {"dim": char_dim},
+            "filters": filters,
+            "n_highway": n_highway,
+            "n_characters": 262,
+            "max_characters_per_token": 50,
+            "activation": "relu",
+        },
+    }
+
+
+# The published shapes of AllenNLP's pretrained models, plus a tiny one for tests and smoke runs.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": _preset(64, 16, 1, filters=[[1, 4], [2, 8], [3, 16], [4, 32], [5, 64]], char_dim=4),
+    "small": _preset(1024, 128, 1),
+    "medium": _preset(2048, 256, 1),
+    "original": _preset(4096, 512, 2),
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    """A copy of a named preset's options dict (tiny, small, medium, original)."""
+    if name not in PRESETS:
+        raise OptionsError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    return json.loads(json.dumps(PRESETS[name]))

@@ -32,7 +32,8 @@ class _Dataset:
 
 
 def _param_view(
-    param: torch.Tensor, to_file: Callable[[torch.Tensor], torch.Tensor],
+    param: torch.Tensor,
+    to_file: Callable[[torch.Tensor], torch.Tensor],
     from_file: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None]]:
     def get() -> torch.Tensor:
@@ -72,8 +73,10 @@ def _datasets(bilm: BiLM) -> Iterator[_Dataset]:
     for k, conv in enumerate(cnn.convolutions):
         # torch Conv1d (out, in, width) <-> TF conv2d (1, width, in, out)
         yield _entry(
-            f"CNN/W_cnn_{k}", conv.weight,
-            lambda w: w.permute(2, 1, 0).unsqueeze(0), lambda w: w[0].permute(2, 1, 0),
+            f"CNN/W_cnn_{k}",
+            conv.weight,
+            lambda w: w.permute(2, 1, 0).unsqueeze(0),
+            lambda w: w[0].permute(2, 1, 0),
         )
         yield _entry(f"CNN/b_cnn_{k}", conv.bias)
     for k, (carry, transform) in enumerate(zip(encoder.highway.carry, encoder.highway.transform)):

@@ -375,7 +375,8 @@ def reuters_documents(
                 docs.append(sents)
         if log:
             log(
-                f"  {Path(path).name}: {len(bodies)} bodies, {n_dup} duplicate stories, {time.time() - t0:.1f}s"
+                f"  {Path(path).name}: {len(bodies)} bodies, {n_dup} duplicate stories, "
+                f"{time.time() - t0:.1f}s"
             )
     return docs
 

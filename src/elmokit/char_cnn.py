@@ -45,9 +45,42 @@ class CharCNN(nn.Module):
                 nn.init.uniform_(conv.weight, -0.05, 0.05)
             nn.init.zeros_(conv.bias)
 
+    # Tokens are grouped by length so that each group is convolved over a shorter prefix.
+    LENGTH_BUCKETS = (8, 12, 20)
+
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(n_tokens, max_chars) shifted ids -> (n_tokens, n_filters)."""
-        x = self.embedding(char_ids).transpose(1, 2)  # (n_tokens, char_dim, max_chars)
+        """(n_tokens, max_chars) shifted ids -> (n_tokens, n_filters).
+
+        Exact speed-up: a window made only of padding characters gives the same value for every
+        token, so a token of ``L`` real characters (begin/end of word included) needs only the
+        first ``L + max_width`` positions: that prefix holds every window touching a real
+        character and, where the full width has one, a window of padding only.
+        """
+        lengths = self._real_lengths(char_ids)
+        max_width = max(conv.kernel_size[0] for conv in self.convolutions)
+        order = torch.argsort(lengths)
+        lengths, ids = lengths[order], char_ids[order]
+        bounds = torch.bucketize(
+            torch.tensor(self.LENGTH_BUCKETS, device=lengths.device), lengths, right=True
+        ).tolist()
+        pieces, start = [], 0
+        for end, limit in zip([*bounds, len(ids)], [*self.LENGTH_BUCKETS, self.max_chars]):
+            if end > start:
+                pieces.append(self._convolve(ids[start:end, : min(self.max_chars, limit + max_width)]))
+                start = end
+        out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        return out[torch.argsort(order)]
+
+    def _real_lengths(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Number of non-padding characters per token (all max_chars for an all-zero row)."""
+        from .characters import PADDING_CHAR
+
+        lengths = (char_ids != PADDING_CHAR + 1).sum(dim=-1)
+        return torch.where((char_ids == 0).all(dim=-1), self.max_chars, lengths)
+
+    def _convolve(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation."""
+        x = self.embedding(char_ids).transpose(1, 2)  # (n, char_dim, width)
         pooled = [conv(x).amax(dim=-1) for conv in self.convolutions]
         return self.activation(torch.cat(pooled, dim=-1))
 

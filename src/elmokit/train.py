@@ -273,6 +273,34 @@ class Trainer:
             torch.from_numpy(targets).to(device, torch.long),
         )
 
+    # -- held-out perplexity --------------------------------------------------------------------
+    def evaluate_heldout(self) -> Perplexity | None:
+        """Full-softmax perplexity of ``config.heldout`` (main process), appended to heldout.csv."""
+        result = None
+        if self.config.heldout and self.env.is_main:
+            from .data import Vocabulary
+
+            vocab = Vocabulary.from_file(self.config.vocab)
+            start = time.monotonic()
+            result = evaluate_perplexity(self.model, vocab, self.config.heldout, device=self.env.device)
+            path = self.save_dir / "heldout.csv"
+            new = not path.exists()
+            with path.open("a", newline="") as f:
+                writer = csv.writer(f)
+                if new:
+                    writer.writerow(["step", "tokens", "forward", "backward", "average", "predictions"])
+                writer.writerow(
+                    [self.run.step, self.run.tokens, round(result.forward, 3), round(result.backward, 3),
+                     round(result.average, 3), result.tokens]
+                )
+            tqdm.write(
+                f"step {self.run.step}: held-out perplexity forward {result.forward:.2f} backward "
+                f"{result.backward:.2f} average {result.average:.2f} ({time.monotonic() - start:.0f} s)"
+            )
+            self.model.train()
+        self.env.barrier()
+        return result
+
     # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         """Write all processes' state into a new folder, then point ``latest`` at it."""
@@ -368,10 +396,12 @@ def run_training(
                 break
             if time.monotonic() - last_checkpoint >= config.checkpoint_minutes * 60:
                 trainer.save_checkpoint()
+                trainer.evaluate_heldout()
                 last_checkpoint = time.monotonic()
     finally:
         bar.close()
     trainer.save_checkpoint()
+    trainer.evaluate_heldout()
     return trainer.run
 
 

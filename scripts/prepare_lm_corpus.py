@@ -90,13 +90,16 @@ from pathlib import Path
 
 try:
     import regex
-    from sacremoses import MosesTokenizer
-    from sentence_splitter import SentenceSplitter
-except ImportError as _err:  # pragma: no cover - depends on the environment
-    sys.exit(
-        f"prepare_lm_corpus: missing dependency ({_err}); "
-        "install with: pip install sacremoses sentence-splitter"
+
+    from elmokit.tokenize import (  # noqa: F401  (re-exported for tests and callers)
+        _SPACE_RE,
+        normalize_punctuation,
+        split_and_tokenize,
+        split_sentences,
+        tokenize_sentence,
     )
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    sys.exit(f"prepare_lm_corpus: {_err}")
 
 # --------------------------------------------------------------------------
 # Reading
@@ -225,93 +228,6 @@ def read_text_lines(path: str | os.PathLike) -> list[str]:
 # Normalisation, sentence splitting, tokenization
 # --------------------------------------------------------------------------
 
-# Character mappings of the lm1b benchmark's normalize-punctuation.perl (the
-# spacing rules there only move blanks around punctuation that the tokenizer
-# splits anyway, so they are not needed).
-# Its other rules repair UTF-8-read-as-cp1252 mojibake ("â€œ" ...), which this
-# input does not have; real guillemets are left alone, as in lm1b ("« You").
-# "`" -> "'" and "''" -> '"' are steps of the lm1b tokenizer that sacremoses lacks.
-_PUNCT_MAP = [
-    ("\u2019", "'"),
-    ("\u2018", "'"),
-    ("\u2014", "--"),
-    ("\u2013", "--"),
-    ("\u2026", "... "),
-    ("\u201e", '"'),
-    ("\u2033", '"'),
-    ("\u201c", '"'),
-    ("\u201d", '"'),
-    ("``", '"'),
-    ("''", '"'),
-    ("`", "'"),
-]
-_QUOTE_PUNCT_RE = re.compile(r'"([,.]+)')
-_SPACE_RE = re.compile(r"\s+")
-
-# lm1b used the WMT11 tokenizer, whose English non-breaking prefix list had no
-# month abbreviations: "Feb. 26" -> "Feb . 26" there.
-_MONTHS = {"Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"}
-_LEAD_APOS_RE = regex.compile(r"^'(?=\p{L})")
-_TRAIL_APOS_RE = regex.compile(r"(?<=\p{L})'$")
-
-_tokenizer: MosesTokenizer | None = None
-_splitter: SentenceSplitter | None = None
-
-
-def _get_tokenizer() -> MosesTokenizer:
-    global _tokenizer
-    if _tokenizer is None:
-        tok = MosesTokenizer(lang="en")
-        tok.NONBREAKING_PREFIXES = [p for p in tok.NONBREAKING_PREFIXES if p not in _MONTHS]
-        _tokenizer = tok
-    return _tokenizer
-
-
-def _get_splitter() -> SentenceSplitter:
-    global _splitter
-    if _splitter is None:
-        _splitter = SentenceSplitter(language="en")
-    return _splitter
-
-
-def normalize_punctuation(text: str) -> str:
-    """lm1b-style punctuation normalisation; also collapses whitespace."""
-    for src, dst in _PUNCT_MAP:
-        if src in text:
-            text = text.replace(src, dst)
-    text = _QUOTE_PUNCT_RE.sub(r'\1"', text)
-    return _SPACE_RE.sub(" ", text).strip()
-
-
-def tokenize_sentence(sentence: str) -> str:
-    """Tokenize one (normalised) sentence in the lm1b style; returns tokens joined by blanks."""
-    s = _LEAD_APOS_RE.sub("' ", sentence.strip())
-    s = _TRAIL_APOS_RE.sub(" '", s)
-    out = _get_tokenizer().tokenize(s, escape=False, aggressive_dash_splits=False, return_str=True)
-    return " ".join(out.split())
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split a paragraph into sentences (Moses rules, via ``sentence-splitter``)."""
-    text = _SPACE_RE.sub(" ", text).strip()
-    if not text:
-        return []
-    return [s.strip() for s in _get_splitter().split(text) if s.strip()]
-
-
-def split_and_tokenize(text: str) -> list[str]:
-    """Normalise, sentence-split and tokenize a paragraph of running text.
-
-    Returns one tokenized sentence per list item (tokens separated by single
-    blanks). No filtering is done here; see :func:`keep_sentence`.
-    """
-    out = []
-    for sent in split_sentences(normalize_punctuation(text)):
-        tok = tokenize_sentence(sent)
-        if tok:
-            out.append(tok)
-    return out
-
 
 def keep_sentence(tokenized: str) -> bool:
     """Drop empty sentences and those without any letter (pure number/punctuation rows)."""
@@ -352,9 +268,7 @@ def reuters_story_sentences(body: str, stats: Stats | None = None) -> list[str]:
     return sents
 
 
-def reuters_documents(
-    paths: Sequence[str | os.PathLike], stats: Stats, log=None
-) -> list[list[str]]:
+def reuters_documents(paths: Sequence[str | os.PathLike], stats: Stats, log=None) -> list[list[str]]:
     """Documents (lists of tokenized sentences) of a Reuters split; duplicate stories dropped."""
     seen: set[str] = set()
     docs = []
@@ -532,9 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         "shards); training sentences found there are removed",
     )
     p.add_argument("--out", required=True, metavar="OUT_DIR", help="output directory")
-    p.add_argument(
-        "--shards", type=int, default=1, metavar="N", help="number of training shards (default 1)"
-    )
+    p.add_argument("--shards", type=int, default=1, metavar="N", help="number of training shards (default 1)")
     p.add_argument(
         "--seed",
         type=int,

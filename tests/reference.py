@@ -53,9 +53,7 @@ def token_vector(f: h5py.File, options: dict, token: str) -> np.ndarray:
     h = np.concatenate(pooled)
     for k in range(cnn.get("n_highway", 0)):
         g = _sigmoid(h @ f[f"CNN_high_{k}/W_carry"][...] + f[f"CNN_high_{k}/b_carry"][...])
-        t = np.maximum(
-            h @ f[f"CNN_high_{k}/W_transform"][...] + f[f"CNN_high_{k}/b_transform"][...], 0
-        )
+        t = np.maximum(h @ f[f"CNN_high_{k}/W_transform"][...] + f[f"CNN_high_{k}/b_transform"][...], 0)
         h = g * t + (1 - g) * h
     if "CNN_proj/W_proj" in f:
         h = h @ f["CNN_proj/W_proj"][...] + f["CNN_proj/b_proj"][...]

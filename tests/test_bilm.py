@@ -114,9 +114,7 @@ def test_keep_sentence_boundaries(bilm, tiny_sentences):
     assert outer.layers.shape[2] == inner.layers.shape[2] + 2
     assert outer.mask.sum(1).tolist() == [len(s) + 2 for s in sentences]
     for row, s in enumerate(sentences):
-        np.testing.assert_array_equal(
-            outer.layers[:, row, 1 : len(s) + 1], inner.layers[:, row, : len(s)]
-        )
+        np.testing.assert_array_equal(outer.layers[:, row, 1 : len(s) + 1], inner.layers[:, row, : len(s)])
         np.testing.assert_allclose(outer.layers[0, row, 0, :16], bos, atol=1e-6)
 
 

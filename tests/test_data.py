@@ -164,9 +164,7 @@ def test_char_ids_are_unshifted_token_to_ids(small_corpus):
         [list(token_to_ids(t)) for t in row] for row in expected_rev
     ]
     assert int(batch["char_ids"].min()) == 97 and int(batch["char_ids"].max()) == 260
-    shifted = next(
-        BidirectionalLMBatches(small_corpus, vocab, 2, 3, shuffle=False, char_id_offset=1)
-    )
+    shifted = next(BidirectionalLMBatches(small_corpus, vocab, 2, 3, shuffle=False, char_id_offset=1))
     assert np.array_equal(shifted["char_ids"], batch["char_ids"] + 1)
 
 
@@ -277,9 +275,7 @@ def test_ranks_partition_the_corpus(tmp_path, n_shards, world_size):
     assert len(union) == len(set(union)) == len(corpus)  # no overlap, nothing lost
     assert set(union) == set(corpus)
     if n_shards >= world_size:  # round-robin shards: a rank reads whole shards
-        assert {s.split("_")[0] for s in per_rank[0]} == {
-            f"s{i}" for i in range(0, n_shards, world_size)
-        }
+        assert {s.split("_")[0] for s in per_rank[0]} == {f"s{i}" for i in range(0, n_shards, world_size)}
 
 
 def test_seed_determinism_and_independent_directions(tmp_path):

@@ -34,9 +34,7 @@ def story(body: str, newid: int = 1) -> str:
 
 
 def sgm(*bodies: str) -> str:
-    return '<!DOCTYPE lewis SYSTEM "lewis.dtd">\n' + "".join(
-        story(b, i + 1) for i, b in enumerate(bodies)
-    )
+    return '<!DOCTYPE lewis SYSTEM "lewis.dtd">\n' + "".join(story(b, i + 1) for i, b in enumerate(bodies))
 
 
 def write_sgm(path: Path, *bodies: str) -> Path:
@@ -50,9 +48,7 @@ def write_sgm(path: Path, *bodies: str) -> Path:
 
 
 def test_extract_bodies_entities_and_trailer(tmp_path):
-    body1 = (
-        "Texaco Inc &lt;TX> said profits &amp; sales^M rose&#127;\nsharply in 1986.\n Reuter\n&#3;"
-    )
+    body1 = "Texaco Inc &lt;TX> said profits &amp; sales^M rose&#127;\nsharply in 1986.\n Reuter\n&#3;"
     body2 = "Shr 17 cts vs 13 cts\n     Net 2.1 mln vs 1.03 mln\n REUTER\n&#3;"
     f = write_sgm(tmp_path / "reut2-000.sgm", body1, body2)
     bodies = P.extract_reuters_bodies(f)
@@ -166,9 +162,7 @@ def test_duplicate_stories_are_dropped(tmp_path):
 
 def test_read_text_lines_crlf_and_latin1(tmp_path):
     f = tmp_path / "science.txt"
-    f.write_bytes(
-        b"Heated to 460\xb0C first. \r\nCaf\xc3\xa9 owners agree.\r\n\r\nLast line without newline"
-    )
+    f.write_bytes(b"Heated to 460\xb0C first. \r\nCaf\xc3\xa9 owners agree.\r\n\r\nLast line without newline")
     lines = P.read_text_lines(f)
     assert lines == [
         "Heated to 460\u00b0C first. ",
@@ -381,9 +375,7 @@ def test_main_end_to_end(tmp_path, capsys):
     P.main(["--reuters", str(rdir), "--out", str(out), "--shards", "2", "--seed", "1"])
     names = sorted(p.name for p in (out / "train").iterdir())
     assert names == ["train-00000-of-00002.txt", "train-00001-of-00002.txt"]
-    train2 = [
-        ln for n in names for ln in (out / "train" / n).read_text(encoding="utf-8").splitlines()
-    ]
+    train2 = [ln for n in names for ln in (out / "train" / n).read_text(encoding="utf-8").splitlines()]
     assert sorted(train2) != sorted(train)  # no ABC this time
     assert len(train2) == 20 + 2 * 20
 
@@ -397,9 +389,7 @@ def test_seed_shuffles_documents_not_sentences(tmp_path, capsys):
         if seed is not None:
             argv += ["--seed", str(seed)]
         P.main(argv)
-        runs.append(
-            (out / "train" / "train-00000-of-00001.txt").read_text(encoding="utf-8").splitlines()
-        )
+        runs.append((out / "train" / "train-00000-of-00001.txt").read_text(encoding="utf-8").splitlines())
     plain, s1, s2 = runs
     assert s1 == s2 and sorted(s1) == sorted(plain) and s1 != plain
     # each story's two sentences stay adjacent and in order

@@ -102,9 +102,7 @@ def test_sample_equals_sequential_rejection_sampling() -> None:
     for seed in (0, 1, 2):
         ids, _, num_tries = sampler.sample(num_sampled, torch.Generator().manual_seed(seed))
         # replay the same uniforms (the CPU generator's stream is prefix-consistent) in a loop
-        u = torch.rand(
-            100_000, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
-        ).numpy()
+        u = torch.rand(100_000, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).numpy()
         draws = (np.floor(np.exp(u * np.log(vocab_size + 1.0))) - 1).astype(np.int64) % vocab_size
         seen: list[int] = []
         seen_set: set[int] = set()
@@ -243,9 +241,7 @@ def test_module_sampled_loss_end_to_end() -> None:
         num_sampled,
         generator=torch.Generator().manual_seed(11),
     )
-    ids, _, num_tries = LogUniformSampler(vocab_size).sample(
-        num_sampled, torch.Generator().manual_seed(11)
-    )
+    ids, _, num_tries = LogUniformSampler(vocab_size).sample(num_sampled, torch.Generator().manual_seed(11))
     ids = ids.numpy()
     assert num_tries > num_sampled
     w = layer.weight.detach().numpy()
@@ -277,9 +273,7 @@ def test_full_loss_matches_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-12)
     # row chunking for large vocabularies gives the same numbers
     monkeypatch.setattr(softmax_module, "_MAX_FULL_LOGITS", 14)
-    chunked = full_softmax_loss(
-        torch.from_numpy(hidden), torch.from_numpy(targets), layer.weight, layer.bias
-    )
+    chunked = full_softmax_loss(torch.from_numpy(hidden), torch.from_numpy(targets), layer.weight, layer.bias)
     np.testing.assert_allclose(chunked.detach().numpy(), want, rtol=1e-12)
 
 
@@ -316,9 +310,7 @@ def test_gradcheck_sampled_loss() -> None:
     bias = t["bias"].clone().requires_grad_(True)
 
     def fn(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return sampled_softmax_loss(
-            h, t["targets"], w, b, t["sampled"], t["true_q"], t["sampled_q"]
-        )
+        return sampled_softmax_loss(h, t["targets"], w, b, t["sampled"], t["true_q"], t["sampled_q"])
 
     assert torch.autograd.gradcheck(fn, (hidden, weight, bias))
     # ids that are neither a target nor sampled get no gradient
@@ -397,7 +389,5 @@ def test_cuda_device_follows_inputs() -> None:
     targets = torch.tensor([0, 1, 2, 500, 999], device="cuda")
     loss = layer.sampled_loss(hidden, targets, 50, torch.Generator().manual_seed(0))
     assert loss.device.type == "cuda" and loss.shape == (5,)
-    cpu = layer.cpu().sampled_loss(
-        hidden.cpu(), targets.cpu(), 50, torch.Generator().manual_seed(0)
-    )
+    cpu = layer.cpu().sampled_loss(hidden.cpu(), targets.cpu(), 50, torch.Generator().manual_seed(0))
     torch.testing.assert_close(loss.cpu(), cpu, rtol=1e-4, atol=1e-5)

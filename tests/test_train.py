@@ -153,9 +153,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, corp
     good = trainer.save_checkpoint()
     with torch.no_grad():
         trainer.model.softmax.bias.fill_(float("inf"))
-    with pytest.raises(
-        TrainingError, match="non-finite loss .* at step 2; the last good checkpoint"
-    ):
+    with pytest.raises(TrainingError, match="non-finite loss .* at step 2; the last good checkpoint"):
         trainer.step(next(batches))
     assert latest_checkpoint(tmp_path / "run") == good
     saved = load_checkpoint_file(good / "model.pt")["model"]

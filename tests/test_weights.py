@@ -19,9 +19,7 @@ def _datasets(path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     out = {}
     with h5py.File(path, "r") as f:
         f.visititems(
-            lambda n, o: (
-                out.__setitem__(n, (o.shape, o.dtype)) if isinstance(o, h5py.Dataset) else None
-            )
+            lambda n, o: out.__setitem__(n, (o.shape, o.dtype)) if isinstance(o, h5py.Dataset) else None
         )
     return out
 

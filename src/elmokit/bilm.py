@@ -15,6 +15,9 @@ from .lstm import BiLstm, LstmState
 from .options import BiLMOptions
 from .weights import load_weights, save_weights
 
+# Longer inputs run through the LSTMs in windows of this many steps (exact; bounds memory).
+DEFAULT_WINDOW = 512
+
 
 @dataclass
 class BiLMOutput:
@@ -58,13 +61,16 @@ class BiLM(nn.Module):
         self.token_encoder = TokenEncoder(options.char_cnn, options.lstm.projection_dim)
         self.lstm = BiLstm(options.lstm.projection_dim, options.lstm)
         self._carried: LstmState | None = None
+        # The canonical start state of stateless mode: h (n_layers, 2, projection_dim) and
+        # c (n_layers, 2, dim), or None for zeros. Stored with the weights (see weights.py).
+        self.start_state: LstmState | None = None
+        self.use_start_state = True
+        self.window: int | None = DEFAULT_WINDOW
         boundary = tokens_to_ids([BOS_TOKEN, EOS_TOKEN], options.char_cnn.max_characters_per_token)
         self.register_buffer("_boundary_ids", boundary, persistent=False)
 
     @classmethod
-    def load(
-        cls, options_file: str | Path, weight_file: str | Path, stateful: bool = False
-    ) -> BiLM:
+    def load(cls, options_file: str | Path, weight_file: str | Path, stateful: bool = False) -> BiLM:
         """Read options.json and an original-format HDF5 weight file; the model is in eval mode."""
         bilm = cls(BiLMOptions.from_file(options_file), stateful=stateful)
         load_weights(bilm, weight_file)
@@ -99,16 +105,26 @@ class BiLM(nn.Module):
         """char_ids (batch, timesteps, max_chars) -> layers (num_layers + 1, batch, timesteps',
         2 * projection_dim), timesteps' = timesteps (+ 2 with the boundaries kept)."""
         self._check_input(char_ids)
-        ids, lengths = self._add_sentence_boundaries(char_ids)
-        tokens = self.token_encoder(ids)  # (batch, steps, projection_dim)
+        ids, lengths = self.add_sentence_boundaries(char_ids)
+        return self.contextualize(self.token_encoder(ids), lengths, keep_sentence_boundaries)
+
+    def contextualize(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, keep_sentence_boundaries: bool = False
+    ) -> BiLMOutput:
+        """Run the LSTMs over token vectors that already include <S> and </S>.
+
+        tokens: (batch, steps, projection_dim) from the token encoder; lengths: (batch,) counting
+        the boundaries. Sequences longer than ``window`` steps are processed in windows that carry
+        the LSTM states across (identical results, bounded memory).
+        """
         inputs = torch.stack([tokens, reverse_padded(tokens, lengths)])
-        outputs, final = self.lstm(inputs, lengths, self._initial_state(tokens.shape[0], tokens))
+        outputs, final = self._run_lstm(inputs, lengths, self._initial_state(tokens.shape[0], tokens))
         if self.stateful:
             self._carry(final)
         backward = reverse_padded(outputs[:, 1], lengths, time_dim=2)
         lstm_layers = torch.cat([outputs[:, 0], backward], dim=-1)
-        steps = ids.shape[1]
-        mask = torch.arange(steps, device=ids.device).unsqueeze(0) < lengths.unsqueeze(1)
+        steps = tokens.shape[1]
+        mask = torch.arange(steps, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1).to(tokens.device)
         token_layer = torch.cat([tokens, tokens], dim=-1) * mask.unsqueeze(-1).to(tokens.dtype)
         layers = torch.cat([token_layer.unsqueeze(0), lstm_layers], dim=0)
         if keep_sentence_boundaries:
@@ -116,6 +132,21 @@ class BiLM(nn.Module):
         inner_mask = mask[:, 2:]  # position t holds token t + 1; the last two are never real
         inner = layers[:, :, 1:-1] * inner_mask.unsqueeze(-1).to(layers.dtype).unsqueeze(0)
         return BiLMOutput(inner, inner_mask)
+
+    def _run_lstm(
+        self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState
+    ) -> tuple[torch.Tensor, LstmState]:
+        """inputs (2, batch, steps, dim) -> (n_layers, 2, batch, steps, proj), in time windows."""
+        steps = inputs.shape[2]
+        if self.window is None or steps <= self.window:
+            return self.lstm(inputs, lengths, state)
+        pieces = []
+        for start in range(0, steps, self.window):
+            chunk = inputs[:, :, start : start + self.window]
+            chunk_lengths = (lengths - start).clamp(0, chunk.shape[2])
+            out, state = self.lstm(chunk, chunk_lengths, state)
+            pieces.append(out)
+        return torch.cat(pieces, dim=3), state
 
     def _check_input(self, char_ids: torch.Tensor) -> None:
         max_chars = self.options.char_cnn.max_characters_per_token
@@ -127,8 +158,10 @@ class BiLM(nn.Module):
         if char_ids.shape[0] == 0:
             raise ValueError("empty batch: char_ids has no sentences")
 
-    def _add_sentence_boundaries(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(batch, timesteps, c) -> ids (batch, timesteps + 2, c) with <S> .. </S>, lengths + 2."""
+    def add_sentence_boundaries(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, timesteps, c) -> ids (batch, timesteps + 2, c) with <S> .. </S>, lengths + 2.
+
+        Rows are filled from the left; a row of length n gets <S> at 0 and </S> at n + 1."""
         batch, steps, chars = char_ids.shape
         lengths = lengths_from_ids(char_ids)
         ids = char_ids.new_zeros(batch, steps + 2, chars)
@@ -140,7 +173,12 @@ class BiLM(nn.Module):
     def _initial_state(self, batch: int, like: torch.Tensor) -> LstmState:
         zero = self.lstm.zero_state(batch, like.device)
         zero = LstmState(zero.h.to(like.dtype), zero.c.to(like.dtype))
-        if not self.stateful or self._carried is None:
+        if not self.stateful:
+            if self.start_state is None or not self.use_start_state:
+                return zero
+            h, c = (t.to(like.device, like.dtype).unsqueeze(2) for t in self.start_state)
+            return LstmState(h.expand_as(zero.h).contiguous(), c.expand_as(zero.c).contiguous())
+        if self._carried is None:
             return zero
         carried = self._carried
         rows = min(batch, carried.h.shape[2])

@@ -72,9 +72,7 @@ def batch_to_ids(
         raise ValueError("empty sentence list: give at least one sentence")
     for i, sentence in enumerate(sentences):
         if isinstance(sentence, str):
-            raise TypeError(
-                f"sentence {i} is a str, not a list of tokens; split it first, e.g. text.split()"
-            )
+            raise TypeError(f"sentence {i} is a str, not a list of tokens; split it first, e.g. text.split()")
     timesteps = max(len(s) for s in sentences)
     out = torch.zeros((len(sentences), timesteps, max_chars), dtype=torch.long)
     for i, sentence in enumerate(sentences):

@@ -59,9 +59,7 @@ def demo(args: argparse.Namespace) -> int:
         norms = ", ".join(f"{float(v.norm()):.2f}" for v in vectors[i])
         print(f"  [{i}] {s}\n      |{word}| per layer: {norms}")
     print(f"\ncosine similarity of '{word}' between contexts, per layer:")
-    print(
-        f"  {'layer':<16} " + "  ".join(f"{f'[{a}]-[{b}]':>9}" for a, b in [(0, 1), (0, 2), (1, 2)])
-    )
+    print(f"  {'layer':<16} " + "  ".join(f"{f'[{a}]-[{b}]':>9}" for a, b in [(0, 1), (0, 2), (1, 2)]))
     for layer in range(out.layers.shape[0]):
         sims = [_cosine(vectors[a][layer], vectors[b][layer]) for a, b in [(0, 1), (0, 2), (1, 2)]]
         name = "0 (char CNN)" if layer == 0 else f"{layer} (biLSTM)"
@@ -98,9 +96,7 @@ def _read_config(value: str) -> dict:
         return preset(value)
     path = Path(value)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"--config {value!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
-        )
+        raise FileNotFoundError(f"--config {value!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -150,8 +146,7 @@ def train_command(args: argparse.Namespace) -> int:
         config.epochs = 10
     launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus)
     print(
-        f"checkpoint and metrics.csv in {args.save_dir}; export with: elmokit export "
-        f"{args.save_dir} OUT_DIR"
+        f"checkpoint and metrics.csv in {args.save_dir}; export with: elmokit export {args.save_dir} OUT_DIR"
     )
     return 0
 
@@ -191,6 +186,66 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _embedder(args: argparse.Namespace):
+    from .embed import Embedder
+
+    model = _load_model(args) if (args.options or args.weights) else args.model
+    return Embedder(
+        model,
+        batch_size=args.batch_size,
+        device=args.device,
+        mode=args.mode,
+        max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
+    )
+
+
+def embed_command(args: argparse.Namespace) -> int:
+    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`)."""
+    embedder = _embedder(args)
+    summary = embedder.embed_file(
+        args.input,
+        args.output,
+        layers=args.layers,
+        overwrite=args.overwrite,
+        sentence_index=not args.no_sentence_index,
+        tokenize=args.tokenize,
+        progress=not args.quiet,
+    )
+    if not args.quiet:
+        print(
+            f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
+            f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode "
+            f"{args.mode}) -> {summary.output}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def tokens_command(args: argparse.Namespace) -> int:
+    """Context-independent token vectors for every line of a vocabulary file."""
+    n = _embedder(args).embed_tokens_file(args.vocab, args.output, overwrite=args.overwrite)
+    print(f"{n:,} token vectors -> {args.output} (dataset 'embedding')", file=sys.stderr)
+    return 0
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    from .pretrained import DEFAULT_MODEL
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or shipped model name")
+    p.add_argument("--options", help="options.json (with --weights, instead of --model)")
+    p.add_argument("--weights", help="weights HDF5 in the original layout")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    p.add_argument(
+        "--mode",
+        choices=["warm", "zero", "stateful"],
+        default="warm",
+        help="warm: every sentence starts from the model's start state (default); "
+        "zero: from zero states; stateful: states carried between batches (bilm-tf)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elmokit", description="ELMo: deep contextualized word representations."
@@ -201,6 +256,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
     p.set_defaults(func=demo)
+
+    p = sub.add_parser("embed", help="embed a file of sentences into HDF5")
+    p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
+    p.add_argument("output", help="HDF5 file to write")
+    _model_arguments(p)
+    p.add_argument("--layers", choices=["all", "top", "average"], default="all")
+    p.add_argument("--max-tokens-per-batch", type=int, default=None)
+    p.add_argument(
+        "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
+    )
+    p.add_argument(
+        "--no-sentence-index", action="store_true", help="do not write the sentence_to_index dataset"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=embed_command)
+
+    p = sub.add_parser("tokens", help="context-independent token vectors of a vocabulary file")
+    p.add_argument("vocab", help="one token per line")
+    p.add_argument("output", help="HDF5 file to write (dataset 'embedding')")
+    _model_arguments(p)
+    p.set_defaults(func=tokens_command)
 
     p = sub.add_parser("vocab", help="build a frequency-sorted vocabulary from corpus files")
     p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
@@ -257,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
         print(f"elmokit: error: {err}", file=sys.stderr)
         return 2
 

@@ -84,8 +84,7 @@ class Vocabulary:
                 raise ValueError(f"vocabulary {source}: token {i} is empty or not a str: {token!r}")
             if token in self._index:
                 raise ValueError(
-                    f"vocabulary {source}: token {token!r} appears twice (ids {self._index[token]}"
-                    f" and {i})"
+                    f"vocabulary {source}: token {token!r} appears twice (ids {self._index[token]} and {i})"
                 )
             self._index[token] = i
         missing = [t for t in SPECIAL_TOKENS if t not in self._index]
@@ -112,9 +111,7 @@ class Vocabulary:
         return cls(tokens, source=str(path))
 
     @classmethod
-    def build(
-        cls, counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None
-    ) -> Vocabulary:
+    def build(cls, counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None) -> Vocabulary:
         """``<S>, </S>, <UNK>`` then tokens with ``count >= min_count`` by descending count.
 
         Ties are broken by the token's code points (ascending). ``max_size`` bounds the total size,

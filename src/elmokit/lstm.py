@@ -104,6 +104,8 @@ class BiLstmLayer(nn.Module):
             else:
                 h, c = h_t, c_t
             outputs.append(h_t if n == batch else F.pad(h_t, (0, 0, 0, batch - n)))
+        if not outputs:
+            return inputs.new_zeros(2, batch, steps, self.output_dim), h, c
         out = torch.stack(outputs, dim=2)
         if out.shape[2] < steps:
             out = F.pad(out, (0, 0, 0, steps - out.shape[2]))

@@ -71,9 +71,7 @@ class BiLMOptions:
         lstm = _section(options, "lstm", source)
         cnn = _section(options, "char_cnn", source)
         embedding = _section(cnn, "embedding", f"{source}: char_cnn")
-        filters = tuple(
-            tuple(int(v) for v in f) for f in _field(cnn, "filters", source, "char_cnn")
-        )
+        filters = tuple(tuple(int(v) for v in f) for f in _field(cnn, "filters", source, "char_cnn"))
         if not filters or any(len(f) != 2 or f[0] < 1 or f[1] < 1 for f in filters):
             raise OptionsError(
                 f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] pairs "
@@ -81,18 +79,14 @@ class BiLMOptions:
             )
         activation = cnn.get("activation", "relu")
         if activation not in ("relu", "tanh"):
-            raise OptionsError(
-                f"{source}: char_cnn.activation must be relu or tanh, got {activation!r}"
-            )
+            raise OptionsError(f"{source}: char_cnn.activation must be relu or tanh, got {activation!r}")
         char_cnn = CharCNNOptions(
             embedding_dim=int(_field(embedding, "dim", source, "char_cnn.embedding")),
             filters=filters,
             n_highway=int(_field(cnn, "n_highway", source, "char_cnn")),
             activation=activation,
             n_characters=int(cnn.get("n_characters", 262)),
-            max_characters_per_token=int(
-                cnn.get("max_characters_per_token", MAX_CHARACTERS_PER_TOKEN)
-            ),
+            max_characters_per_token=int(cnn.get("max_characters_per_token", MAX_CHARACTERS_PER_TOKEN)),
         )
         if max(w for w, _ in filters) > char_cnn.max_characters_per_token:
             raise OptionsError(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 MODELS_DIR = Path(__file__).parent / "models"
 TINY_REFERENCE = "elmo-tiny-reference"
+DEFAULT_MODEL = TINY_REFERENCE  # used when no model is given
 
 
 def available_models() -> list[str]:

@@ -152,9 +152,7 @@ class LogUniformSampler:
         if num_sampled < 1:
             raise ValueError(f"num_sampled must be >= 1, got {num_sampled}")
         if num_sampled > self.vocab_size:
-            raise ValueError(
-                f"cannot draw {num_sampled} distinct ids from a vocabulary of {self.vocab_size}"
-            )
+            raise ValueError(f"cannot draw {num_sampled} distinct ids from a vocabulary of {self.vocab_size}")
         device = generator.device if generator is not None else torch.device("cpu")
         draws = self.draw(self._block_size(num_sampled), generator, device)
         while True:
@@ -190,13 +188,9 @@ def _check_targets(targets: torch.Tensor, vocab_size: int) -> None:
 
 def _check_hidden(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor) -> None:
     if hidden.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"hidden must have shape (N, {weight.shape[1]}), got {tuple(hidden.shape)}"
-        )
+        raise ValueError(f"hidden must have shape (N, {weight.shape[1]}), got {tuple(hidden.shape)}")
     if hidden.shape[0] != targets.shape[0]:
-        raise ValueError(
-            f"hidden has {hidden.shape[0]} rows but targets has {targets.shape[0]} entries"
-        )
+        raise ValueError(f"hidden has {hidden.shape[0]} rows but targets has {targets.shape[0]} entries")
 
 
 def sampled_softmax_loss(

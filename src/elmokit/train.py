@@ -72,9 +72,7 @@ class LanguageModel(nn.Module):
     """The biLM with its training objective: a softmax over the vocabulary shared by both
     directions, predicting token t+1 (forward) and t-1 (backward)."""
 
-    def __init__(
-        self, options: dict[str, Any] | BiLMOptions, vocab_size: int, dropout: float = 0.1
-    ):
+    def __init__(self, options: dict[str, Any] | BiLMOptions, vocab_size: int, dropout: float = 0.1):
         super().__init__()
         self.bilm = BiLM(options)
         self.bilm.lstm.dropout = dropout
@@ -290,8 +288,14 @@ class Trainer:
                 if new:
                     writer.writerow(["step", "tokens", "forward", "backward", "average", "predictions"])
                 writer.writerow(
-                    [self.run.step, self.run.tokens, round(result.forward, 3), round(result.backward, 3),
-                     round(result.average, 3), result.tokens]
+                    [
+                        self.run.step,
+                        self.run.tokens,
+                        round(result.forward, 3),
+                        round(result.backward, 3),
+                        round(result.average, 3),
+                        result.tokens,
+                    ]
                 )
             tqdm.write(
                 f"step {self.run.step}: held-out perplexity forward {result.forward:.2f} backward "
@@ -477,8 +481,7 @@ def load_language_model(model_dir: str | Path, device: str | torch.device = "cpu
         for name in ("options.json", "weights.hdf5", SOFTMAX_FILE):
             if not (folder / name).is_file():
                 raise FileNotFoundError(
-                    f"model folder {folder} has neither a checkpoint ('{CHECKPOINT_POINTER}') nor "
-                    f"{name}"
+                    f"model folder {folder} has neither a checkpoint ('{CHECKPOINT_POINTER}') nor {name}"
                 )
         options = BiLMOptions.from_file(folder / "options.json")
         model = LanguageModel(options, len(vocab), dropout=0.0)
@@ -514,9 +517,7 @@ def load_softmax(softmax: Softmax, path: Path) -> None:
                 param.copy_(torch.from_numpy(f[name][...]))
 
 
-def export_model(
-    model_dir: str | Path, out_dir: str | Path, extra_options: dict | None = None
-) -> Path:
+def export_model(model_dir: str | Path, out_dir: str | Path, extra_options: dict | None = None) -> Path:
     """Write options.json + weights.hdf5 (original layout), vocab.txt and softmax.hdf5."""
     model, vocab = load_language_model(model_dir)
     out = Path(out_dir)
@@ -550,9 +551,7 @@ class Perplexity:
     protocol: str
 
 
-def _grouped(
-    batches: Iterator[dict[str, np.ndarray]], window: int
-) -> Iterator[dict[str, np.ndarray]]:
+def _grouped(batches: Iterator[dict[str, np.ndarray]], window: int) -> Iterator[dict[str, np.ndarray]]:
     """Concatenate ``window`` consecutive batches along time (each row is one continuous stream,
     so this is the same stream in longer windows)."""
     group: list[dict[str, np.ndarray]] = []
@@ -589,9 +588,7 @@ def evaluate_perplexity(
     state: LstmState | None = None
     for batch in tqdm(_grouped(iter(data), window), disable=not progress, unit="window"):
         chars = torch.from_numpy(np.stack([batch["char_ids"], batch["char_ids_reverse"]])) + 1
-        targets = torch.from_numpy(
-            np.stack([batch["next_token_id"], batch["next_token_id_reverse"]])
-        )
+        targets = torch.from_numpy(np.stack([batch["next_token_id"], batch["next_token_id_reverse"]]))
         chars, targets = chars.to(device), targets.to(device)
         tokens = model.bilm.token_encoder(chars)
         lengths = torch.full((tokens.shape[1],), tokens.shape[2], dtype=torch.long)
@@ -601,14 +598,10 @@ def evaluate_perplexity(
             hidden, target = top[d].reshape(-1, top.shape[-1]), targets[d].reshape(-1)
             for start in range(0, hidden.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
-                totals[d] += (
-                    model.softmax.full_loss(hidden[rows], target[rows]).double().sum().cpu()
-                )
+                totals[d] += model.softmax.full_loss(hidden[rows], target[rows]).double().sum().cpu()
         count += targets[0].numel()
     if count == 0:
-        raise ValueError(
-            f"held-out data too small: fewer sentences than one batch of {batch_size} streams"
-        )
+        raise ValueError(f"held-out data too small: fewer sentences than one batch of {batch_size} streams")
     mean = totals / count
     return Perplexity(
         forward=math.exp(mean[0]),
@@ -716,9 +709,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> R
         if config.init_from:
             shared = initialize_from(trainer.model, config.init_from, vocab)
             if env.is_main:
-                print(
-                    f"initialized from {config.init_from}: {shared}/{len(vocab)} softmax rows copied"
-                )
+                print(f"initialized from {config.init_from}: {shared}/{len(vocab)} softmax rows copied")
         if env.is_main:
             save_dir.mkdir(parents=True, exist_ok=True)
             vocab.save(save_dir / "vocab.txt")

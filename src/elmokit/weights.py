@@ -112,6 +112,29 @@ def _lstm_kernel(name: str, layer: torch.nn.Module, d: int) -> _Dataset:
     return _Dataset(name, get, set_)
 
 
+# elmokit's extra datasets (ignored by bilm-tf and AllenNLP, which read datasets by name): the
+# canonical start state of stateless "warm" mode, h (n_layers, 2, projection_dim), c (n_layers, 2, dim).
+START_STATE_DATASETS = ("start_state/h", "start_state/c")
+
+
+def _read_start_state(bilm: BiLM, handle: h5py.File, path: Path):
+    from .lstm import LstmState
+
+    if not all(name in handle for name in START_STATE_DATASETS):
+        return None
+    lstm = bilm.options.lstm
+    expected = [(lstm.n_layers, 2, lstm.projection_dim), (lstm.n_layers, 2, lstm.dim)]
+    values = []
+    for name, shape in zip(START_STATE_DATASETS, expected):
+        if tuple(handle[name].shape) != shape:
+            raise WeightFileError(
+                f"{path}: dataset {name!r} has shape {tuple(handle[name].shape)} but the options "
+                f"imply {shape}"
+            )
+        values.append(torch.from_numpy(np.asarray(handle[name][...], dtype=np.float32)))
+    return LstmState(*values)
+
+
 def load_weights(bilm: BiLM, weight_file: str | Path) -> None:
     """Copy the weights of an original-format HDF5 file into ``bilm``, checking every dataset."""
     path = Path(weight_file)
@@ -126,8 +149,7 @@ def load_weights(bilm: BiLM, weight_file: str | Path) -> None:
             expected = tuple(entry.get().shape)
             if entry.name not in handle:
                 raise WeightFileError(
-                    f"{path}: missing dataset {entry.name!r} (shape {expected} expected from "
-                    f"the options)"
+                    f"{path}: missing dataset {entry.name!r} (shape {expected} expected from the options)"
                 )
             found = handle[entry.name].shape
             if tuple(found) != expected:
@@ -136,6 +158,7 @@ def load_weights(bilm: BiLM, weight_file: str | Path) -> None:
                     f"imply {expected}"
                 )
             entry.set(torch.from_numpy(np.asarray(handle[entry.name][...], dtype=np.float32)))
+        bilm.start_state = _read_start_state(bilm, handle, path)
 
 
 def save_weights(bilm: BiLM, weight_file: str | Path) -> None:
@@ -146,6 +169,9 @@ def save_weights(bilm: BiLM, weight_file: str | Path) -> None:
         for entry in _datasets(bilm):
             value = entry.get().to("cpu", torch.float32).contiguous().numpy()
             handle.create_dataset(entry.name, data=value)
+        if bilm.start_state is not None:
+            for name, value in zip(START_STATE_DATASETS, bilm.start_state):
+                handle.create_dataset(name, data=value.detach().to("cpu", torch.float32).numpy())
     tmp.replace(path)
 
 

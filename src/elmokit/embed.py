@@ -1,0 +1,347 @@
+"""Turn sentences and files into ELMo vectors: deterministic by default, streaming, bounded memory.
+
+Modes: "warm" (default) starts every sentence from the model's canonical start state (zeros when
+the model has none), "zero" from zero states, "stateful" carries each batch row's states into the
+next batch as bilm-tf and AllenNLP do (file order is kept, since order defines the states).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from .bilm import BiLM
+from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
+from .pretrained import DEFAULT_MODEL, model_files
+
+MODES = ("warm", "zero", "stateful")
+LAYERS = ("all", "top", "average")
+
+
+class TokenCache:
+    """Context-independent token vectors, computed once per distinct token (LRU, ``size`` tokens).
+
+    A token's vector does not depend on the other tokens, so the cache never changes a result.
+    """
+
+    def __init__(self, bilm: BiLM, size: int = 100_000) -> None:
+        self.bilm, self.size = bilm, size
+        self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @torch.no_grad()
+    def lookup(self, tokens: Sequence[str]) -> list[torch.Tensor]:
+        """One (projection_dim,) vector per token."""
+        distinct = dict.fromkeys(tokens)
+        missing = [t for t in distinct if t not in self._vectors]
+        self.misses += len(missing)  # distinct tokens computed
+        self.hits += len(distinct) - len(missing)  # distinct tokens found from earlier batches
+        computed = {}
+        if missing:
+            max_chars = self.bilm.options.char_cnn.max_characters_per_token
+            ids = tokens_to_ids(missing, max_chars).to(_device(self.bilm))
+            computed = dict(zip(missing, self.bilm.token_encoder.encode_unique(ids)))
+        out = []
+        for t in tokens:
+            vector = computed.get(t)
+            if vector is None:
+                vector = self._vectors[t]
+                self._vectors.move_to_end(t)
+            out.append(vector)
+        if self.size > 0:
+            for t, vector in computed.items():
+                self._vectors[t] = vector
+            while len(self._vectors) > self.size:
+                self._vectors.popitem(last=False)
+        return out
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+@dataclass
+class EmbedSummary:
+    """What an embed_file run did."""
+
+    sentences: int
+    tokens: int
+    empty: int
+    seconds: float
+    output: str
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+
+class Embedder:
+    """ELMo vectors for tokenized sentences: arrays (3, n_tokens, 2 * projection_dim).
+
+    model: a BiLM, a model folder (options.json + weights.hdf5), a shipped model name, or None
+    for the default shipped model. ``batch_size`` sentences per batch, optionally also capped at
+    ``max_tokens_per_batch`` tokens (padding included).
+    """
+
+    def __init__(
+        self,
+        model: BiLM | str | os.PathLike | None = None,
+        batch_size: int = 64,
+        device: str | torch.device | None = None,
+        mode: str = "warm",
+        max_tokens_per_batch: int | None = None,
+        token_cache_size: int = 100_000,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if isinstance(model, BiLM):
+            bilm = model
+        else:
+            bilm = BiLM.load(*model_files(DEFAULT_MODEL if model is None else model))
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else _device(bilm)
+        self.bilm = bilm.to(device).eval()
+        self.bilm.stateful = mode == "stateful"
+        self.bilm.use_start_state = mode == "warm"
+        self.mode, self.batch_size = mode, batch_size
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.cache = TokenCache(self.bilm, token_cache_size)
+
+    @property
+    def dim(self) -> int:
+        return self.bilm.output_dim
+
+    # -- batches -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One float32 array (num_layers, n_tokens, dim) per sentence, in the given order."""
+        _check_sentences(sentences)
+        lengths = torch.tensor([len(s) + 2 for s in sentences])
+        steps = int(lengths.max())
+        sequences = [[BOS_TOKEN, *s, EOS_TOKEN] for s in sentences]
+        flat = [t for seq in sequences for t in seq]
+        vectors = self.cache.lookup(flat)
+        proj = self.bilm.options.lstm.projection_dim
+        tokens = vectors[0].new_zeros(len(sentences), steps, proj)
+        offset = 0
+        for row, seq in enumerate(sequences):
+            tokens[row, : len(seq)] = torch.stack(vectors[offset : offset + len(seq)])
+            offset += len(seq)
+        layers = self.bilm.contextualize(tokens, lengths).layers.float().cpu().numpy()
+        return [layers[:, row, : len(s)] for row, s in enumerate(sentences)]
+
+    def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
+        """(num_layers, n_tokens, dim) for one tokenized sentence."""
+        return next(self.embed_sentences([tokens]))
+
+    def embed_sentences(self, sentences: Iterable[Sequence[str]]) -> Iterator[np.ndarray]:
+        """Stream arrays (num_layers, n_tokens, dim) in input order, any number of sentences.
+
+        Warm and zero mode batch sentences of similar length together (within chunks of
+        ``8 * batch_size`` sentences, so memory stays bounded); stateful mode keeps the order.
+        """
+        chunk_size = self.batch_size if self.mode == "stateful" else 8 * self.batch_size
+        chunk: list[Sequence[str]] = []
+        for sentence in sentences:
+            chunk.append(sentence)
+            if len(chunk) == chunk_size:
+                yield from self._embed_chunk(chunk)
+                chunk = []
+        if chunk:
+            yield from self._embed_chunk(chunk)
+
+    def _embed_chunk(self, chunk: list[Sequence[str]]) -> Iterator[np.ndarray]:
+        empty = np.zeros((self.bilm.num_layers, 0, self.dim), dtype=np.float32)
+        order = [i for i, s in enumerate(chunk) if len(s) > 0]
+        if self.mode != "stateful":
+            order.sort(key=lambda i: len(chunk[i]))
+        results: dict[int, np.ndarray] = {}
+        for batch in self._batches(order, chunk):
+            for i, array in zip(batch, self.embed_batch([chunk[i] for i in batch])):
+                results[i] = array
+        for i in range(len(chunk)):
+            yield results.pop(i, empty)
+
+    def _batches(self, order: list[int], chunk: list[Sequence[str]]) -> Iterator[list[int]]:
+        batch: list[int] = []
+        longest = 0
+        for i in order:
+            n = len(chunk[i]) + 2
+            too_many = (
+                self.max_tokens_per_batch is not None
+                and batch
+                and (max(longest, n) * (len(batch) + 1) > self.max_tokens_per_batch)
+            )
+            if len(batch) == self.batch_size or too_many:
+                yield batch
+                batch, longest = [], 0
+            batch.append(i)
+            longest = max(longest, n)
+        if batch:
+            yield batch
+
+    # -- files ---------------------------------------------------------------------------------
+    def embed_file(
+        self,
+        input_path: str | os.PathLike,
+        output_path: str | os.PathLike,
+        layers: str = "all",
+        overwrite: bool = False,
+        sentence_index: bool = True,
+        tokenize: bool = False,
+        progress: bool = True,
+    ) -> EmbedSummary:
+        """Embed a file of sentences (one per line, ``-`` = stdin) into HDF5 laid out like
+        ``allennlp elmo``: dataset "i" for line i, (3, n_tokens, dim) for ``all`` or
+        (n_tokens, dim) for ``top``/``average``, and "sentence_to_index" (JSON) unless disabled.
+
+        The output is written to a temporary file beside it and renamed when complete.
+        """
+        if layers not in LAYERS:
+            raise ValueError(f"layers must be one of {', '.join(LAYERS)}, got {layers!r}")
+        output = Path(output_path)
+        if output.exists() and not overwrite:
+            raise FileExistsError(f"{output} exists; pass overwrite=True (--overwrite) to replace it")
+        if not output.parent.is_dir():
+            raise FileNotFoundError(f"output folder does not exist: {output.parent}")
+        lines = _read_lines(input_path)
+        total = _count_lines(input_path)
+        split = _tokenizer(tokenize)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+        os.close(fd)
+        start = time.perf_counter()
+        stats = {"sentences": 0, "tokens": 0, "empty": 0}
+        index: dict[str, str] = {}
+        try:
+            with h5py.File(tmp_name, "w") as out, _progress(progress, total) as bar:
+                texts: list[str] = []
+
+                def token_lists() -> Iterator[list[str]]:
+                    for text in lines:
+                        texts.append(text)
+                        yield split(text)
+
+                for i, array in enumerate(self.embed_sentences(token_lists())):
+                    out.create_dataset(str(i), data=_select_layers(array, layers))
+                    if sentence_index:
+                        index[texts[i].strip()] = str(i)
+                    texts[i] = ""
+                    n = array.shape[1]
+                    stats["sentences"] += 1
+                    stats["tokens"] += n
+                    stats["empty"] += n == 0
+                    bar.update(1)
+                    bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
+                if sentence_index:
+                    out.create_dataset(
+                        "sentence_to_index", data=[json.dumps(index)], dtype=h5py.string_dtype()
+                    )
+            os.replace(tmp_name, output)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
+        return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
+
+    def embed_tokens_file(
+        self, vocab_path: str | os.PathLike, output_path: str | os.PathLike, overwrite: bool = False
+    ) -> int:
+        """Context-independent vectors of every line of a vocabulary file: HDF5 dataset
+        "embedding" (n_lines, projection_dim), as bilm-tf's dump_token_embeddings."""
+        output = Path(output_path)
+        if output.exists() and not overwrite:
+            raise FileExistsError(f"{output} exists; pass overwrite=True (--overwrite) to replace it")
+        tokens = [line.strip() for line in _read_lines(vocab_path)]
+        for number, token in enumerate(tokens, start=1):
+            if not token:
+                raise ValueError(f"{vocab_path}: line {number} is empty")
+        with torch.no_grad():
+            vectors = [
+                self.bilm.encode_tokens(tokens[i : i + 4096]).float().cpu().numpy()
+                for i in range(0, len(tokens), 4096)
+            ]
+        tmp = output.with_name(f".{output.name}.tmp")
+        try:
+            with h5py.File(tmp, "w") as out:
+                out.create_dataset("embedding", data=np.concatenate(vectors))
+            os.replace(tmp, output)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return len(tokens)
+
+
+def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:
+    if len(sentences) == 0:
+        raise ValueError("empty sentence list: give at least one sentence")
+    for i, sentence in enumerate(sentences):
+        if isinstance(sentence, str):
+            raise TypeError(f"sentence {i} is a str, not a list of tokens; split it first")
+        if len(sentence) == 0:
+            raise ValueError(f"sentence {i} is empty")
+        for token in sentence:
+            if not isinstance(token, str) or token == "":
+                raise ValueError(f"sentence {i} has an empty or non-string token: {token!r}")
+
+
+def _select_layers(array: np.ndarray, layers: str) -> np.ndarray:
+    if layers == "top":
+        return array[-1]
+    if layers == "average":
+        return array.mean(axis=0)
+    return array
+
+
+def _read_lines(path: str | os.PathLike) -> Iterator[str]:
+    """Lines of a UTF-8 file (or stdin for "-"), without line ends; invalid UTF-8 is an error
+    naming the line."""
+    handle = sys.stdin.buffer if str(path) == "-" else open(path, "rb")  # noqa: SIM115
+    try:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}: line {number} is not valid UTF-8 ({err.reason})") from None
+    finally:
+        if handle is not sys.stdin.buffer:
+            handle.close()
+
+
+def _count_lines(path: str | os.PathLike) -> int | None:
+    if str(path) == "-":
+        return None
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def _tokenizer(tokenize: bool):
+    if not tokenize:
+        return str.split
+    from .tokenize import tokenize_line
+
+    return tokenize_line
+
+
+def _progress(enabled: bool, total: int | None):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="sent", disable=not enabled, dynamic_ncols=True, file=sys.stderr)

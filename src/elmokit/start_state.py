@@ -1,0 +1,70 @@
+"""The canonical start state: the LSTM states a model reaches at a sentence boundary in running text.
+
+The biLM was trained on streams of sentences, so at training time a sentence never starts from
+zero states. The forward stream is ``<S> a b c <S> d e ...`` (``</S>`` is only a target), so the
+state in which the forward LSTM reads a sentence's ``<S>`` is the state after the previous
+sentence's last word; the backward stream mirrors this with ``</S>``. ``estimate_start_state``
+runs held-out sentences in that format, ``rows`` streams at a time, records the state before each
+boundary token (after ``burn_in`` sentences per stream) and returns its mean: the single state
+closest, in squared error, to the states the model actually starts sentences from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .bilm import BiLM
+from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
+from .lstm import LstmState
+
+
+def _stream_inputs(bilm: BiLM, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training-format inputs of one sentence per row: (2, rows, steps, proj), lengths (rows,).
+
+    Forward reads [<S>, w1..wn]; backward reads [</S>, wn..w1]."""
+    max_chars = bilm.options.char_cnn.max_characters_per_token
+    steps = max(len(s) for s in sentences) + 1
+    ids = torch.zeros(2, len(sentences), steps, max_chars, dtype=torch.long)
+    for row, sentence in enumerate(sentences):
+        n = len(sentence) + 1
+        ids[0, row, :n] = tokens_to_ids([BOS_TOKEN, *sentence], max_chars)
+        ids[1, row, :n] = tokens_to_ids([EOS_TOKEN, *reversed(sentence)], max_chars)
+    lengths = torch.tensor([len(s) + 1 for s in sentences])
+    device = next(bilm.parameters()).device
+    return bilm.token_encoder(ids.to(device)), lengths
+
+
+@torch.no_grad()
+def boundary_states(
+    bilm: BiLM, sentences: Sequence[Sequence[str]], rows: int = 32, burn_in: int = 2
+) -> LstmState:
+    """States before each sentence's first input, in running text: h (n, n_layers, 2, proj),
+    c (n, n_layers, 2, dim), n = number of recorded boundaries."""
+    bilm.eval()
+    sentences = [s for s in sentences if len(s) > 0]
+    per_row = len(sentences) // rows
+    if per_row <= burn_in:
+        raise ValueError(
+            f"need more than {rows * (burn_in + 1)} non-empty sentences to estimate a start state "
+            f"with {rows} streams, got {len(sentences)}"
+        )
+    state = bilm.lstm.zero_state(rows, next(bilm.parameters()).device)
+    hs, cs = [], []
+    for k in range(per_row):
+        batch = [sentences[r * per_row + k] for r in range(rows)]
+        if k >= burn_in:
+            hs.append(state.h.permute(2, 0, 1, 3).cpu())
+            cs.append(state.c.permute(2, 0, 1, 3).cpu())
+        inputs, lengths = _stream_inputs(bilm, batch)
+        _, state = bilm.lstm(inputs, lengths, state)
+    return LstmState(torch.cat(hs), torch.cat(cs))
+
+
+def estimate_start_state(
+    bilm: BiLM, sentences: Sequence[Sequence[str]], rows: int = 32, burn_in: int = 2
+) -> LstmState:
+    """The mean boundary state: h (n_layers, 2, projection_dim), c (n_layers, 2, dim)."""
+    states = boundary_states(bilm, sentences, rows=rows, burn_in=burn_in)
+    return LstmState(states.h.mean(0), states.c.mean(0))

@@ -1,0 +1,193 @@
+"""Embedder and `elmokit embed`: layout, modes, order, determinism, cache, windows, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from elmokit import BiLM, batch_to_ids
+from elmokit.cli import main
+from elmokit.embed import Embedder
+from elmokit.lstm import LstmState
+from elmokit.start_state import estimate_start_state
+
+from .conftest import TINY
+
+
+@pytest.fixture(scope="module")
+def sentences(tiny_sentences) -> list[list[str]]:
+    return [s.split() for group in tiny_sentences for s in group]
+
+
+@pytest.fixture(scope="module")
+def bilm(tiny_files) -> BiLM:
+    return BiLM.load(*tiny_files)
+
+
+def write_lines(path, lines) -> str:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_stateful_embed_file_reproduces_bilm_tf(tmp_path, tiny_files, tiny_sentences):
+    # File order s0[0], s1[0], s2[0], s0[1], ... in batches of 3 = the reference's batches.
+    lines = [tiny_sentences[k][i] for i in range(10) for k in range(3)]
+    source = write_lines(tmp_path / "in.txt", lines)
+    embedder = Embedder(BiLM.load(*tiny_files), batch_size=3, mode="stateful")
+    embedder.embed_file(source, tmp_path / "out.hdf5", layers="top", progress=False)
+    with h5py.File(tmp_path / "out.hdf5", "r") as out:
+        for line, text in enumerate(lines):
+            i, k = divmod(line, 3)
+            with h5py.File(TINY / f"lm_embeddings_{k}.hdf5", "r") as ref:
+                expected = np.concatenate(ref[str(i)][...], axis=-1)
+            np.testing.assert_allclose(out[str(line)][...], expected, atol=1e-6)
+        index = json.loads(out["sentence_to_index"][0])
+    assert index[lines[4]] == "4" and len(index) == 30
+
+
+def test_layers_modes_and_layout(tmp_path, bilm, sentences):
+    source = write_lines(tmp_path / "in.txt", [" ".join(s) for s in sentences[:5]])
+    embedder = Embedder(bilm, batch_size=2)
+    for layers in ("all", "top", "average"):
+        embedder.embed_file(source, tmp_path / f"{layers}.hdf5", layers=layers, progress=False)
+    with (
+        h5py.File(tmp_path / "all.hdf5") as a,
+        h5py.File(tmp_path / "top.hdf5") as t,
+        h5py.File(tmp_path / "average.hdf5") as m,
+    ):
+        assert sorted(a) == ["0", "1", "2", "3", "4", "sentence_to_index"]
+        for i, s in enumerate(sentences[:5]):
+            full = a[str(i)][...]
+            assert full.shape == (3, len(s), 32) and full.dtype == np.float32
+            np.testing.assert_array_equal(t[str(i)][...], full[2])
+            np.testing.assert_allclose(m[str(i)][...], full.mean(0), atol=1e-7)
+
+
+def test_order_restored_and_deterministic_across_batch_sizes(bilm, sentences):
+    alone = [Embedder(bilm, batch_size=1).embed_sentence(s) for s in sentences[:12]]
+    for batch_size in (3, 64):
+        for mode in ("warm", "zero"):
+            got = list(Embedder(bilm, batch_size=batch_size, mode=mode).embed_sentences(sentences[:12]))
+            for a, b in zip(alone, got):
+                np.testing.assert_allclose(a, b, atol=1e-6)
+    with torch.no_grad():
+        direct = bilm(batch_to_ids(sentences[:12])).layers.numpy()
+    for i, a in enumerate(alone):
+        np.testing.assert_allclose(a, direct[:, i, : a.shape[1]], atol=1e-6)
+
+
+def test_cache_does_not_change_results(bilm, sentences):
+    cached = Embedder(bilm, batch_size=4)
+    uncached = Embedder(bilm, batch_size=4, token_cache_size=0)
+    a = list(cached.embed_sentences(sentences[:10] * 2))
+    b = list(uncached.embed_sentences(sentences[:10] * 2))
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    assert cached.cache.hits > 0 and uncached.cache.hits == 0
+
+
+def test_long_sentence_windows_equal_unsplit(tiny_files, sentences):
+    long = [t for s in sentences for t in s][:700]
+    whole = BiLM.load(*tiny_files)
+    whole.window = None
+    windowed = BiLM.load(*tiny_files)
+    windowed.window = 64
+    ids = batch_to_ids([long, sentences[0]])
+    with torch.no_grad():
+        a, b = whole(ids).layers, windowed(ids).layers
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    stateful = BiLM.load(*tiny_files, stateful=True)
+    stateful.window = 64
+    with torch.no_grad():
+        c = stateful(ids).layers
+    torch.testing.assert_close(a, c, atol=1e-6, rtol=0)
+
+
+def test_warm_start_state_round_trip_and_modes(tmp_path, bilm, sentences, tiny_files):
+    state = estimate_start_state(bilm, sentences, rows=4, burn_in=2)
+    assert state.h.shape == (2, 2, 16) and state.c.shape == (2, 2, 64)
+    assert state.h.abs().sum() > 0
+    model = BiLM.load(*tiny_files)
+    model.start_state = state
+    model.save(tmp_path / "options.json", tmp_path / "weights.hdf5")
+    with h5py.File(tmp_path / "weights.hdf5") as f:
+        np.testing.assert_array_equal(f["start_state/c"][...], state.c.numpy())
+    warm = Embedder(str(tmp_path), mode="warm")
+    zero = Embedder(str(tmp_path), mode="zero")
+    assert isinstance(warm.bilm.start_state, LstmState)
+    s = sentences[3]
+    w, z = warm.embed_sentence(s), zero.embed_sentence(s)
+    np.testing.assert_array_equal(w[0], z[0])  # the token layer has no state
+    assert not np.allclose(w[1], z[1], atol=1e-4)
+    np.testing.assert_allclose(z, Embedder(bilm, mode="warm").embed_sentence(s), atol=1e-6)
+    # warm mode is deterministic: batch composition does not matter
+    batch = list(warm.embed_sentences([sentences[0], s, sentences[7]]))
+    np.testing.assert_allclose(batch[1], w, atol=1e-6)
+
+
+def test_empty_lines_invalid_utf8_and_existing_output(tmp_path, bilm):
+    source = write_lines(tmp_path / "in.txt", ["a b c", "", "d e"])
+    summary = Embedder(bilm).embed_file(source, tmp_path / "out.hdf5", progress=False)
+    assert (summary.sentences, summary.empty, summary.tokens) == (3, 1, 5)
+    with h5py.File(tmp_path / "out.hdf5") as f:
+        assert f["1"].shape == (3, 0, 32)
+    with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
+        Embedder(bilm).embed_file(source, tmp_path / "out.hdf5", progress=False)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine line\nsecond line\nbroken \xff\xfe line\n")
+    with pytest.raises(ValueError, match="line 3 is not valid UTF-8"):
+        Embedder(bilm).embed_file(bad, tmp_path / "bad.hdf5", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "in.txt", "out.hdf5"]
+
+
+def test_interrupted_run_leaves_no_output(tmp_path, bilm, monkeypatch):
+    source = write_lines(tmp_path / "in.txt", ["a b"] * 10)
+    embedder = Embedder(bilm, batch_size=2)
+    calls = {"n": 0}
+    original = embedder.embed_batch
+
+    def interrupted(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(batch)
+
+    monkeypatch.setattr(embedder, "embed_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        embedder.embed_file(source, tmp_path / "out.hdf5", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_model_folder_errors(tmp_path, tiny_files):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "options.json").write_text(tiny_files[0].read_text())
+    with pytest.raises(FileNotFoundError, match="has no weights.hdf5"):
+        Embedder(str(tmp_path / "m"))
+    options = json.loads(tiny_files[0].read_text())
+    options["lstm"]["projection_dim"] = 8
+    (tmp_path / "m" / "options.json").write_text(json.dumps(options))
+    (tmp_path / "m" / "weights.hdf5").write_bytes(tiny_files[1].read_bytes())
+    with pytest.raises(ValueError, match="weights.hdf5: dataset 'CNN_proj/W_proj' has shape"):
+        Embedder(str(tmp_path / "m"))
+
+
+def test_cli_embed_tokenize_and_tokens(tmp_path, capsys):
+    source = write_lines(tmp_path / "raw.txt", ["He said, “it won’t rain.”"])
+    assert main(["embed", source, str(tmp_path / "o.hdf5"), "--tokenize", "--quiet"]) == 0
+    with h5py.File(tmp_path / "o.hdf5") as f:
+        index = json.loads(f["sentence_to_index"][0])
+        assert f["0"].shape == (3, 10, 32)  # He said , " it won 't rain . "
+    assert list(index) == ["He said, “it won’t rain.”"]
+    assert main(["embed", source, str(tmp_path / "o.hdf5"), "--quiet"]) == 2
+    assert "exists" in capsys.readouterr().err
+    vocab = write_lines(tmp_path / "vocab.txt", ["<S>", "bank", "river"])
+    assert main(["tokens", vocab, str(tmp_path / "t.hdf5")]) == 0
+    bilm = BiLM.load(*(TINY / "options.json", TINY / "lm_weights.hdf5"))
+    with h5py.File(tmp_path / "t.hdf5") as f, torch.no_grad():
+        np.testing.assert_allclose(
+            f["embedding"][...], bilm.encode_tokens(["<S>", "bank", "river"]).numpy(), atol=1e-6
+        )

@@ -266,3 +266,16 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, corpus):
     for name in one:
         torch.testing.assert_close(one[name], two[name], atol=1e-5, rtol=0, msg=name)
     assert not torch.equal(one["softmax.bias"], torch.zeros_like(one["softmax.bias"]))
+
+
+def test_bf16_autocast_step_runs_and_tracks_fp32(tmp_path, corpus):
+    vocab = Vocabulary.from_file(corpus[1])
+    batch = next(iter(BidirectionalLMBatches(corpus[0], vocab, 4, 5, seed=0)))
+    results = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        config = make_config(tmp_path, corpus, precision=precision, dropout=0.0, n_negative_samples=1000)
+        trainer = Trainer(config, None, len(vocab), setup_distributed("cpu"))
+        results[precision] = trainer.step(batch)
+        assert trainer.lstm_state.h.dtype == torch.float32
+    np.testing.assert_allclose(results["bf16"], results["fp32"], rtol=0.02)

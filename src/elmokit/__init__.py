@@ -3,6 +3,7 @@
 from .bilm import BiLM, BiLMOutput
 from .characters import batch_to_ids
 from .elmo import Elmo, ElmoOutput
+from .embed import Embedder
 from .options import BiLMOptions, OptionsError
 from .scalar_mix import ScalarMix
 from .weights import WeightFileError
@@ -15,6 +16,7 @@ __all__ = [
     "BiLMOutput",
     "Elmo",
     "ElmoOutput",
+    "Embedder",
     "OptionsError",
     "ScalarMix",
     "WeightFileError",

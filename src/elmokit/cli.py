@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -141,6 +142,7 @@ def train_command(args: argparse.Namespace) -> int:
         device=args.device,
         checkpoint_minutes=args.checkpoint_minutes,
         init_from=args.init_from,
+        precision=args.precision,
     )
     if config.epochs is None and config.max_steps is None and config.max_time is None:
         config.epochs = 10
@@ -246,6 +248,58 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
 
+def _read_sentences(pattern: str, limit: int | None) -> list[list[str]]:
+    from .data import corpus_files
+
+    out: list[list[str]] = []
+    for path in corpus_files(pattern):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.split():
+                    out.append(line.split())
+                if limit is not None and len(out) >= limit:
+                    return out
+    return out
+
+
+def start_state_command(args: argparse.Namespace) -> int:
+    """Estimate a model's canonical start state from running text; compare the modes."""
+    from .start_state import estimate_start_state, sentence_losses
+    from .weights import save_weights
+
+    options, weights = model_files(args.model_dir)
+    bilm = BiLM.load(options, weights)
+    sentences = _read_sentences(args.text, args.sentences)
+    with torch.no_grad():
+        state = estimate_start_state(bilm, sentences, rows=args.rows)
+    print(f"start state: mean boundary state over {len(sentences):,} sentences of {args.text}")
+    if args.write:
+        bilm.start_state = state
+        save_weights(bilm, weights)
+        print(f"written to {weights} (datasets start_state/h, start_state/c)")
+    if args.heldout:
+        from .train import evaluate_perplexity, load_language_model
+
+        lm, vocab = load_language_model(args.model_dir)
+        held = _read_sentences(args.heldout, args.sentences)
+        stream = evaluate_perplexity(lm, vocab, args.heldout)
+        print(f"held-out {args.heldout}: perplexity forward / backward / average")
+        print(
+            f"  stateful stream ({stream.protocol.split(':')[0]}): {stream.forward:8.2f} "
+            f"{stream.backward:8.2f} {stream.average:8.2f}"
+        )
+        for name, start in (
+            ("zero start, each sentence alone", None),
+            ("warm start, each sentence alone", state),
+        ):
+            fwd, bwd, n = sentence_losses(lm, vocab, held, start)
+            print(
+                f"  {name}: {math.exp(fwd):8.2f} {math.exp(bwd):8.2f} "
+                f"{math.exp(0.5 * (fwd + bwd)):8.2f} ({n:,} predictions per direction)"
+            )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elmokit", description="ELMo: deep contextualized word representations."
@@ -278,6 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arguments(p)
     p.set_defaults(func=tokens_command)
 
+    p = sub.add_parser("start-state", help="estimate a model's start state for warm mode")
+    p.add_argument("model_dir", help="exported model folder (options.json + weights.hdf5)")
+    p.add_argument("--text", required=True, help="glob of running text (not the test set)")
+    p.add_argument("--sentences", type=int, default=20000, help="at most this many sentences")
+    p.add_argument("--rows", type=int, default=32, help="parallel streams")
+    p.add_argument("--write", action="store_true", help="store it in the model's weights.hdf5")
+    p.add_argument("--heldout", help="glob of held-out text: compare perplexity of the modes")
+    p.set_defaults(func=start_state_command)
+
     p = sub.add_parser("vocab", help="build a frequency-sorted vocabulary from corpus files")
     p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
     p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
@@ -309,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", help="spawn one process per listed GPU, e.g. 0,1,2")
     p.add_argument("--nproc", type=int, default=1, help="CPU processes (gloo DDP)")
     p.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16 autocasts the forward pass (GPUs and CPUs with bf16 support)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
     p.add_argument("--init-from", help="model folder to fine-tune from (new vocabulary allowed)")
     p.set_defaults(func=train_command)

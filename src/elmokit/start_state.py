@@ -68,3 +68,39 @@ def estimate_start_state(
     """The mean boundary state: h (n_layers, 2, projection_dim), c (n_layers, 2, dim)."""
     states = boundary_states(bilm, sentences, rows=rows, burn_in=burn_in)
     return LstmState(states.h.mean(0), states.c.mean(0))
+
+
+@torch.no_grad()
+def sentence_losses(
+    lm, vocab, sentences: Sequence[Sequence[str]], start: LstmState | None, batch_size: int = 64
+) -> tuple[float, float, int]:
+    """Mean forward and backward loss of each sentence on its own (full softmax), every sentence
+    starting from ``start`` (None = zeros): forward reads [<S>, w1..wn] and predicts
+    [w1..wn, </S>]; backward reads [</S>, wn..w1] and predicts [wn..w1, <S>].
+    ``lm`` is a LanguageModel (biLM + softmax). Returns (loss_fwd, loss_bwd, predictions)."""
+    bilm = lm.bilm.eval()
+    device = next(bilm.parameters()).device
+    sentences = [s for s in sentences if len(s) > 0]
+    totals, count = torch.zeros(2, dtype=torch.float64), 0
+    for i in range(0, len(sentences), batch_size):
+        batch = sentences[i : i + batch_size]
+        inputs, lengths = _stream_inputs(bilm, batch)
+        rows, steps = len(batch), inputs.shape[2]
+        state = bilm.lstm.zero_state(rows, device)
+        if start is not None:
+            state = LstmState(
+                start.h.to(device).unsqueeze(2).expand_as(state.h).contiguous(),
+                start.c.to(device).unsqueeze(2).expand_as(state.c).contiguous(),
+            )
+        outputs, _ = bilm.lstm(inputs, lengths, state)
+        targets = torch.zeros(2, rows, steps, dtype=torch.long)
+        for row, s in enumerate(batch):
+            ids = vocab.encode(list(s))
+            targets[0, row, : len(s) + 1] = torch.tensor([*ids, vocab.eos])
+            targets[1, row, : len(s) + 1] = torch.tensor([*ids[::-1], vocab.bos])
+        mask = torch.arange(steps).unsqueeze(0) < lengths.unsqueeze(1)
+        for d in range(2):
+            hidden = outputs[-1, d][mask.to(device)]
+            totals[d] += lm.softmax.full_loss(hidden, targets[d][mask].to(device)).double().sum().cpu()
+        count += int(mask.sum())
+    return float(totals[0] / count), float(totals[1] / count), count

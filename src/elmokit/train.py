@@ -65,6 +65,7 @@ class TrainConfig:
     log_every: int = 10
     init_from: str | None = None
     n_train_tokens: int | None = None  # counted from the corpus when None
+    precision: str = "fp32"  # or "bf16": autocast the forward pass (CUDA or CPU with bf16)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -237,9 +238,14 @@ class Trainer:
         """One optimizer step on one batch; returns the forward and backward mean losses."""
         char_ids, targets = self._tensors(batch)
         self.module.train()
-        losses, self.lstm_state = self.module(
-            char_ids, targets, self.lstm_state, self.num_sampled, self.generator
-        )
+        with torch.autocast(
+            self.env.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16"
+        ):
+            losses, self.lstm_state = self.module(
+                char_ids, targets, self.lstm_state, self.num_sampled, self.generator
+            )
+        losses = losses.float()
+        self.lstm_state = LstmState(self.lstm_state.h.float(), self.lstm_state.c.float())
         loss = 0.5 * (losses[0] + losses[1])
         check = loss.detach().clone()
         if self.env.active:
@@ -739,6 +745,8 @@ def _spawned_worker(
     )
     if gpus:
         os.environ["ELMOKIT_GPUS"] = gpus
+    else:  # CPU processes share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
         train(TrainConfig(**config), resume=resume)
     finally:

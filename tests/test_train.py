@@ -279,3 +279,26 @@ def test_bf16_autocast_step_runs_and_tracks_fp32(tmp_path, corpus):
         results[precision] = trainer.step(batch)
         assert trainer.lstm_state.h.dtype == torch.float32
     np.testing.assert_allclose(results["bf16"], results["fp32"], rtol=0.02)
+
+
+def test_state_reset_zeroes_carried_states(tmp_path, corpus):
+    """state_reset=1 makes every window start from zero, like a fresh trainer per step; 0 carries."""
+    vocab = Vocabulary.from_file(corpus[1])
+    batches = [b for _, b in zip(range(3), BidirectionalLMBatches(corpus[0], vocab, 4, 5, seed=2))]
+
+    def losses(state_reset: float, fresh_state: bool) -> list[tuple[float, float]]:
+        torch.manual_seed(0)
+        config = make_config(
+            tmp_path, corpus, dropout=0.0, n_negative_samples=1000, state_reset=state_reset
+        )
+        trainer = Trainer(config, None, len(vocab), setup_distributed("cpu"))
+        out = []
+        for batch in batches:
+            if fresh_state:
+                trainer.lstm_state = None
+            out.append(trainer.step(batch))
+        return out
+
+    reset, fresh, carried = losses(1.0, False), losses(0.0, True), losses(0.0, False)
+    np.testing.assert_allclose(reset, fresh, rtol=1e-6)
+    assert not np.allclose(carried[1:], fresh[1:], rtol=1e-6)

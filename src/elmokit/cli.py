@@ -143,6 +143,7 @@ def train_command(args: argparse.Namespace) -> int:
         checkpoint_minutes=args.checkpoint_minutes,
         init_from=args.init_from,
         precision=args.precision,
+        state_reset=args.state_reset,
     )
     if config.epochs is None and config.max_steps is None and config.max_time is None:
         config.epochs = 10
@@ -377,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["fp32", "bf16"],
         default="fp32",
         help="bf16 autocasts the forward pass (GPUs and CPUs with bf16 support)",
+    )
+    p.add_argument(
+        "--state-reset",
+        type=float,
+        default=0.0,
+        help="probability of zeroing a row's carried LSTM state before a window "
+        "(0 = original recipe; 0.01 teaches the model to start from zero)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
     p.add_argument("--init-from", help="model folder to fine-tune from (new vocabulary allowed)")

@@ -91,13 +91,17 @@ class BiLstmLayer(nn.Module):
         projected = torch.baddbmm(
             self.bias.unsqueeze(1), inputs.reshape(2, batch * steps, input_dim), self.weight_input
         ).view(2, batch, steps, 4 * self.dim)
+        # One view per step: the backward pass then stacks the step gradients once instead of
+        # adding each into a zero-filled tensor of the full size.
+        per_step = projected.unbind(2)
         h, c = h0, c0
         outputs = []
         for t in range(steps):
             n = batch_sizes[t]
             if n == 0:
                 break
-            h_t, c_t = self._step(projected[:, :n, t], h[:, :n], c[:, :n])
+            x_t = per_step[t] if n == batch else per_step[t][:, :n]
+            h_t, c_t = self._step(x_t, h[:, :n], c[:, :n])
             if n < batch:
                 h = torch.cat([h_t, h[:, n:]], dim=1)
                 c = torch.cat([c_t, c[:, n:]], dim=1)

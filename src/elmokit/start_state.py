@@ -6,7 +6,10 @@ state in which the forward LSTM reads a sentence's ``<S>`` is the state after th
 sentence's last word; the backward stream mirrors this with ``</S>``. ``estimate_start_state``
 runs held-out sentences in that format, ``rows`` streams at a time, records the state before each
 boundary token (after ``burn_in`` sentences per stream) and returns its mean: the single state
-closest, in squared error, to the states the model actually starts sentences from.
+closest, in squared error, to the states the model actually starts sentences from. Each stream
+begins from zero states inside the text (its first sentence without the boundary token), because
+a model trained on streams only ever read a boundary token from zero states once, at its first
+training step, and may respond to it badly.
 """
 
 from __future__ import annotations
@@ -20,18 +23,22 @@ from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
 from .lstm import LstmState
 
 
-def _stream_inputs(bilm: BiLM, sentences: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _stream_inputs(
+    bilm: BiLM, sentences: Sequence[Sequence[str]], boundary: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Training-format inputs of one sentence per row: (2, rows, steps, proj), lengths (rows,).
 
-    Forward reads [<S>, w1..wn]; backward reads [</S>, wn..w1]."""
+    Forward reads [<S>, w1..wn]; backward reads [</S>, wn..w1] (without the boundary token when
+    ``boundary`` is False)."""
     max_chars = bilm.options.char_cnn.max_characters_per_token
-    steps = max(len(s) for s in sentences) + 1
+    first = 1 if boundary else 0
+    steps = max(len(s) for s in sentences) + first
     ids = torch.zeros(2, len(sentences), steps, max_chars, dtype=torch.long)
     for row, sentence in enumerate(sentences):
-        n = len(sentence) + 1
-        ids[0, row, :n] = tokens_to_ids([BOS_TOKEN, *sentence], max_chars)
-        ids[1, row, :n] = tokens_to_ids([EOS_TOKEN, *reversed(sentence)], max_chars)
-    lengths = torch.tensor([len(s) + 1 for s in sentences])
+        n = len(sentence) + first
+        ids[0, row, :n] = tokens_to_ids([BOS_TOKEN, *sentence][1 - first :], max_chars)
+        ids[1, row, :n] = tokens_to_ids([EOS_TOKEN, *reversed(sentence)][1 - first :], max_chars)
+    lengths = torch.tensor([len(s) + first for s in sentences])
     device = next(bilm.parameters()).device
     return bilm.token_encoder(ids.to(device)), lengths
 
@@ -57,7 +64,9 @@ def boundary_states(
         if k >= burn_in:
             hs.append(state.h.permute(2, 0, 1, 3).cpu())
             cs.append(state.c.permute(2, 0, 1, 3).cpu())
-        inputs, lengths = _stream_inputs(bilm, batch)
+        # A stream starts inside running text: the first sentence is read without its boundary
+        # token, since the model never saw a boundary token read from zero states in training.
+        inputs, lengths = _stream_inputs(bilm, batch, boundary=k > 0)
         _, state = bilm.lstm(inputs, lengths, state)
     return LstmState(torch.cat(hs), torch.cat(cs))
 

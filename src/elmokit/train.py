@@ -66,6 +66,10 @@ class TrainConfig:
     init_from: str | None = None
     n_train_tokens: int | None = None  # counted from the corpus when None
     precision: str = "fp32"  # or "bf16": autocast the forward pass (CUDA or CPU with bf16)
+    # Probability that a row's carried LSTM state is zeroed before a window (0 = the original
+    # recipe, which starts from zero only at step 0). A small value teaches the model to start
+    # from the zero state, as stateless inference and bilm-tf's evaluation do.
+    state_reset: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -238,6 +242,7 @@ class Trainer:
         """One optimizer step on one batch; returns the forward and backward mean losses."""
         char_ids, targets = self._tensors(batch)
         self.module.train()
+        self._reset_some_states()
         with torch.autocast(
             self.env.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16"
         ):
@@ -266,6 +271,15 @@ class Trainer:
         self.run.step += 1
         self.run.tokens += char_ids.shape[1] * char_ids.shape[2] * self.env.world_size
         return float(per_direction[0]), float(per_direction[1])
+
+    def _reset_some_states(self) -> None:
+        """Zero each row's carried state with probability ``config.state_reset``."""
+        if self.config.state_reset <= 0 or self.lstm_state is None:
+            return
+        batch = self.lstm_state.h.shape[2]
+        keep = torch.rand(batch, generator=self.generator) >= self.config.state_reset
+        keep = keep.to(self.env.device, self.lstm_state.h.dtype)[:, None]
+        self.lstm_state = LstmState(self.lstm_state.h * keep, self.lstm_state.c * keep)
 
     def _tensors(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """Stack both directions: char ids (2, B, T, C) shifted by +1, targets (2, B, T)."""

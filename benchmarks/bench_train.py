@@ -1,0 +1,367 @@
+"""Training speed and peak memory of the biLM recipe (Trainer.step) for the presets.
+
+    python benchmarks/bench_train.py [--train GLOB | --vocab FILE] [--presets tiny,small]
+        [--batch-size 32] [--unroll-steps 20] [--n-negative-samples 8192]
+        [--devices cpu,cuda] [--precisions fp32,bf16] [--threads 2]
+        [--warmup 3] [--steps 10] [--time-budget T] [--profile] [--pause-pid PID] [--json OUT]
+
+The vocabulary is built from ``--train`` (default: the three lm1b held-out shards in
+../shared/data/lm) with ``Vocabulary.build(count_tokens(...), min_count)``, unless ``--vocab``
+gives one. Every (preset, device, precision) runs in its own subprocess (this script with
+``--worker``) so that its peak RSS is its own. A worker builds ``BidirectionalLMBatches`` over
+the ``--train`` files and a ``Trainer`` (``TrainConfig`` with the given batch, unroll, negatives,
+device and precision; Adagrad, clipping, dropout 0.1 as in training), runs ``--warmup`` untimed
+steps, then times ``--steps`` steps (stopping early after the step that passes the time budget).
+Per step, getting the next batch (data) and ``Trainer.step`` (forward, sampled softmax,
+backward, clip, Adagrad) are timed separately. tokens/step = batch * unroll (one direction, as
+the Trainer counts); "tok/s" includes the data time, "step tok/s" does not.
+
+``--precisions bf16`` uses TrainConfig.precision="bf16" (the Trainer's own autocast of the
+forward pass; nothing is added here). ``--devices cuda`` prints "skipped: no CUDA" without one.
+``--profile`` adds a torch.profiler run of 3 steps (after the timed ones) for the small preset on
+the first device/precision and prints the top 10 ops by self CPU time.
+
+``--pause-pid PID`` stops that process (e.g. a training job on the same cores) while each worker
+runs and resumes it right after (always, also on errors). "others" = share of all CPUs that
+other processes used during the timed steps: figures with a high share are low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from bench_bilm import cpu_sample, matmul_gflops, others_busy, rss_mb
+from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet
+
+# The issue's target for the small preset on 2 CPU threads.
+TARGET = {"preset": "small", "batch_size": 32, "unroll_steps": 20, "negatives": 8192, "tokens_per_s": 1100}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build the data and the Trainer of one configuration, time its steps."""
+    from elmokit.data import BidirectionalLMBatches, Vocabulary, corpus_files
+    from elmokit.options import BiLMOptions, preset
+    from elmokit.train import Distributed, TrainConfig, Trainer
+
+    torch.set_num_threads(spec["threads"])
+    rss_import = rss_mb()
+    vocab = Vocabulary.from_file(spec["vocab"])
+    options = preset(spec["preset"])
+    max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token
+    data = BidirectionalLMBatches(
+        corpus_files(spec["train"]),
+        vocab,
+        spec["batch_size"],
+        spec["unroll_steps"],
+        seed=0,
+        max_characters_per_token=max_chars,
+    )
+    with tempfile.TemporaryDirectory() as save_dir:
+        config = TrainConfig(
+            train=spec["train"],
+            vocab=spec["vocab"],
+            save_dir=save_dir,
+            options=options,
+            batch_size=spec["batch_size"],
+            unroll_steps=spec["unroll_steps"],
+            n_negative_samples=spec["negatives"],
+            device=spec["device"],
+            precision=spec["precision"],
+        )
+        device = torch.device(spec["device"])
+        trainer = Trainer(config, data, len(vocab), Distributed(device=device))
+    rss_model = rss_mb()
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    batches = iter(data)
+    for _ in range(spec["warmup"]):
+        trainer.step(next(batches))
+    _sync(device)
+    data_s = step_s = 0.0
+    step_times: list[float] = []
+    losses: list[float] = []
+    distinct: list[float] = []  # distinct tokens (char-id rows) / tokens, both directions
+    cpu_before = cpu_sample()
+    for _ in range(spec["steps"]):
+        start = time.perf_counter()
+        batch = next(batches)
+        middle = time.perf_counter()
+        forward, backward = trainer.step(batch)  # returns floats: synchronizes a GPU
+        _sync(device)
+        end = time.perf_counter()
+        data_s += middle - start
+        step_s += end - middle
+        step_times.append(end - middle)
+        losses.append(0.5 * (forward + backward))
+        chars = np.concatenate([batch["char_ids"], batch["char_ids_reverse"]])
+        rows = chars.reshape(-1, chars.shape[-1])
+        distinct.append(len(np.unique(rows, axis=0)) / len(rows))
+        if data_s + step_s >= spec["time_budget"]:
+            break
+    others = others_busy(cpu_before, cpu_sample())
+    steps = len(step_times)
+    tokens = spec["batch_size"] * spec["unroll_steps"]
+    result: dict[str, Any] = {
+        "vocab_size": len(vocab),
+        "sampled": trainer.num_sampled is not None,
+        "parameters": n_params,
+        "steps": steps,
+        "ms_per_step": 1000 * step_s / steps,
+        "min_ms_per_step": 1000 * min(step_times),
+        "data_ms_per_step": 1000 * data_s / steps,
+        "tokens_per_s": tokens * steps / (step_s + data_s),
+        "step_tokens_per_s": tokens * steps / step_s,
+        "distinct_fraction": sum(distinct) / len(distinct),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "others_cpu_busy": others,
+        "rss_after_import_mb": rss_import,
+        "rss_after_model_mb": rss_model,
+    }
+    if spec.get("profile_steps"):
+        result["profile"] = profile(trainer, batches, spec["profile_steps"], device)
+    return result
+
+
+def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dict[str, Any]:
+    """torch.profiler over ``steps`` Trainer steps: top 10 ops by self CPU time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    inputs = [next(batches) for _ in range(steps)]
+    start = time.perf_counter()
+    with torch_profile(activities=activities) as prof:
+        for batch in inputs:
+            trainer.step(batch)
+        _sync(device)
+    wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    total_self = sum(e.self_cpu_time_total for e in averages)
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
+    optimizer = [e for e in averages if e.key.startswith("Optimizer.step")]
+    return {
+        "steps": steps,
+        "wall_ms_per_step": 1000 * wall / steps,
+        "table": averages.table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=48),
+        "top": [
+            {
+                "op": e.key,
+                "calls": e.count,
+                "self_cpu_ms_per_step": e.self_cpu_time_total / 1000 / steps,
+                "self_cpu_share": e.self_cpu_time_total / max(total_self, 1),
+            }
+            for e in top
+        ],
+        "optimizer_ms_per_step": sum(e.cpu_time_total for e in optimizer) / 1000 / steps,
+    }
+
+
+def build_vocab(args: argparse.Namespace, folder: Path) -> str:
+    if args.vocab:
+        return args.vocab
+    from elmokit.data import Vocabulary, corpus_files, count_tokens
+
+    counts = count_tokens(corpus_files(args.train))
+    path = folder / "vocab.txt"
+    Vocabulary.build(counts, min_count=args.min_count).save(path)
+    return str(path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--train", default=LM1B_SHARDS, help="glob of training text (default: lm1b shards)")
+    p.add_argument("--vocab", help="vocabulary file (default: built from --train)")
+    p.add_argument("--min-count", type=int, default=1, help="for the built vocabulary (default 1)")
+    p.add_argument("--presets", default="tiny,small", help="comma list of presets")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--unroll-steps", type=int, default=20)
+    p.add_argument("--n-negative-samples", type=int, default=8192)
+    p.add_argument("--devices", default="cpu,cuda", help="comma list (cuda skipped without CUDA)")
+    p.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=60.0,
+        help="stop timing a configuration after the step that passes T s (default 60)",
+    )
+    p.add_argument("--profile", action="store_true", help="profile 3 steps of the small preset")
+    p.add_argument("--pause-pid", type=int, help="SIGSTOP this process while each worker runs")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.25,
+        help="before each worker wait until other processes (but --pause-pid) use at most this "
+        "share of the CPUs (default 0.25; 1 = do not wait)",
+    )
+    p.add_argument("--wait-timeout", type=float, default=60.0, help="wait at most T s (default 60)")
+    p.add_argument("--json", help="also write the results as JSON to this file")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker is not None:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    command = shlex.join([sys.executable, *sys.argv])
+    print(f"command: {command}", flush=True)
+    presets = [s.strip() for s in args.presets.split(",") if s.strip()]
+    devices = [s.strip() for s in args.devices.split(",") if s.strip()]
+    precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
+    pauser = Pauser(args.pause_pid)
+    results: list[dict[str, Any]] = []
+    notes: list[str] = []
+    profiled = False
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = build_vocab(args, Path(tmp))
+        wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
+        with pauser:
+            before = cpu_sample()
+            rate = matmul_gflops(args.threads)
+            matmul_others = others_busy(before, cpu_sample())
+        print(
+            f"fp32 matmul (64x512)@(512x16384), {args.threads} threads: {rate:.1f} GFLOP/s "
+            f"(best of 10; other processes used {matmul_others:.0%} of the CPUs)",
+            flush=True,
+        )
+        for device in devices:
+            if device.startswith("cuda") and not torch.cuda.is_available():
+                notes.append(f"device {device}: skipped: no CUDA")
+                print(notes[-1], flush=True)
+                continue
+            for precision in precisions:
+                for name in presets:
+                    spec = {
+                        "preset": name,
+                        "train": args.train,
+                        "vocab": vocab,
+                        "batch_size": args.batch_size,
+                        "unroll_steps": args.unroll_steps,
+                        "negatives": args.n_negative_samples,
+                        "device": device,
+                        "precision": precision,
+                        "threads": args.threads,
+                        "warmup": args.warmup,
+                        "steps": args.steps,
+                        "time_budget": args.time_budget,
+                    }
+                    if args.profile and name == "small" and not profiled:
+                        spec["profile_steps"] = 3
+                        profiled = True
+                    cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
+                    wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
+                    with pauser:
+                        child = run_child(cmd, env=thread_env(args.threads))
+                    if child.returncode != 0:
+                        raise SystemExit(
+                            f"worker failed ({child.returncode}) for {name} {device} {precision}:\n"
+                            f"{child.stderr[-3000:]}"
+                        )
+                    result = {
+                        "preset": name,
+                        "device": device,
+                        "precision": precision,
+                        **json.loads(child.stdout.strip().splitlines()[-1]),
+                        "peak_rss_mb": child.peak_rss_mb,
+                        "process_seconds": child.seconds,
+                    }
+                    results.append(result)
+                    print(
+                        f"  {name} {device} {precision}: {result['steps']} steps, "
+                        f"{result['ms_per_step']:.0f} ms/step, loss {result['first_loss']:.2f} -> "
+                        f"{result['last_loss']:.2f} ({child.seconds:.0f} s with start-up)",
+                        flush=True,
+                    )
+
+    if results:
+        r0 = results[0]
+        print(
+            f"\ntorch {torch.__version__}, {args.threads} threads; batch {args.batch_size} x unroll "
+            f"{args.unroll_steps} = {args.batch_size * args.unroll_steps} tokens/step; "
+            f"{args.n_negative_samples} negatives; vocabulary {r0['vocab_size']:,} tokens "
+            f"({'sampled' if r0['sampled'] else 'full'} softmax) from {args.vocab or args.train}"
+        )
+    header = (
+        f"{'preset':<7} {'device':<6} {'prec':<5} {'params':>7} {'steps':>5} {'ms/step':>8} "
+        f"{'min ms':>7} {'data ms':>7} {'distinct':>8} {'tok/s':>7} {'step tok/s':>10} {'peak RSS MB':>11} "
+        f"{'model RSS MB':>12} {'others':>6}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    for r in results:
+        print(
+            f"{r['preset']:<7} {r['device']:<6} {r['precision']:<5} {r['parameters'] / 1e6:>6.1f}M "
+            f"{r['steps']:>5} {r['ms_per_step']:>8.0f} {r['min_ms_per_step']:>7.0f} "
+            f"{r['data_ms_per_step']:>7.1f} {100 * r['distinct_fraction']:>7.0f}% "
+            f"{r['tokens_per_s']:>7.0f} {r['step_tokens_per_s']:>10.0f} "
+            f"{r['peak_rss_mb']:>11.0f} {r['rss_after_model_mb']:>12.0f} "
+            f"{100 * r['others_cpu_busy']:>5.0f}%"
+        )
+    for note in notes:
+        print(note)
+    print("(ms/step = Trainer.step only; data ms = next batch; tok/s counts both; min ms = fastest step)")
+    print("(distinct = distinct tokens / tokens of a step: the char CNN runs once per distinct token)")
+    print("(others = share of all CPUs that other processes used during the timed steps)")
+    matches_target = (
+        args.batch_size == TARGET["batch_size"]
+        and args.unroll_steps == TARGET["unroll_steps"]
+        and args.n_negative_samples == TARGET["negatives"]
+    )
+    for r in results:
+        if r["preset"] == TARGET["preset"] and r["device"] == "cpu" and matches_target:
+            verdict = "meets" if r["tokens_per_s"] >= TARGET["tokens_per_s"] else "BELOW"
+            print(
+                f"target (issue): small preset, batch 32 x 20, 8192 negatives, CPU {args.threads} "
+                f"threads: >= {TARGET['tokens_per_s']:,} tokens/s; {r['precision']}: "
+                f"{r['tokens_per_s']:,.0f} tokens/s ({verdict})"
+            )
+    for r in results:
+        if "profile" in r:
+            prof = r["profile"]
+            print(
+                f"\nprofile: {r['preset']} {r['device']} {r['precision']}, {prof['steps']} steps, "
+                f"{prof['wall_ms_per_step']:.0f} ms/step under the profiler; Optimizer.step "
+                f"{prof['optimizer_ms_per_step']:.0f} ms/step; top 10 ops by self CPU time:"
+            )
+            print(prof["table"])
+    print(pauser.summary())
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "command": command,
+                    "torch": torch.__version__,
+                    "threads": args.threads,
+                    "paused_seconds": pauser.total,
+                    "matmul_gflops": rate,
+                    "matmul_others_cpu_busy": matmul_others,
+                    "notes": notes,
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

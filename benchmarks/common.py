@@ -1,0 +1,176 @@
+"""Shared by bench_embed.py and bench_train.py: run a measured child process, pause a neighbour.
+
+The CPU-usage helpers come from bench_bilm.py (``cpu_sample``, ``others_busy``).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_bilm import cpu_sample, others_busy
+
+# ../shared/data beside the repository (the project's shared data folder).
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+LM1B_SHARDS = str(SHARED_DATA / "lm" / "lm1b_heldout" / "news.en.heldout-000*-of-00050")
+
+
+class Pauser:
+    """SIGSTOP a process (e.g. a training job sharing the cores) while a measurement runs.
+
+    ``with pauser:`` stops ``pid`` and always sends SIGCONT when the block ends, also on an
+    exception, Ctrl-C or SIGTERM (turned into SystemExit while a pause is active). Keeps the total
+    and longest paused time. ``pid=None`` does nothing.
+    """
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.total = self.longest = 0.0
+        self.count = 0
+        self._since: float | None = None
+
+    def __enter__(self) -> Pauser:
+        if self.pid is None:
+            return self
+        previous = signal.signal(signal.SIGTERM, _raise_exit)
+        self._previous_handler = previous
+        os.kill(self.pid, signal.SIGSTOP)
+        self._since = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pid is None or self._since is None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        paused = time.monotonic() - self._since
+        self._since = None
+        self.total += paused
+        self.longest = max(self.longest, paused)
+        self.count += 1
+        signal.signal(signal.SIGTERM, self._previous_handler)
+
+    def summary(self) -> str:
+        if self.pid is None:
+            return "no process paused (--pause-pid not given)"
+        return (
+            f"process {self.pid} paused {self.count} times, {self.total:.0f} s in total "
+            f"(longest {self.longest:.0f} s)"
+        )
+
+
+def _raise_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+@dataclass
+class ChildResult:
+    returncode: int
+    seconds: float  # wall time
+    cpu_seconds: float  # user + system time of the child
+    peak_rss_mb: float  # the child's own ru_maxrss (not the max over all children)
+    others_cpu_busy: float  # share of all CPUs used by other processes meanwhile
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+def run_child(
+    cmd: list[str], env: dict[str, str] | None = None, timeout: float | None = None, nice: int = 0
+) -> ChildResult:
+    """Run ``cmd`` and measure it with ``os.wait4``: wall time, CPU time and peak RSS of this child
+    alone (``RUSAGE_CHILDREN`` would give the largest child so far). ``timeout`` kills it;
+    ``nice`` > 0 runs it at a lower priority."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        before = cpu_sample()
+        start = time.perf_counter()
+        preexec = (lambda: os.nice(nice)) if nice else None
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True, preexec_fn=preexec)
+        timed_out = False
+        try:
+            if timeout is not None:
+                deadline = start + timeout
+                while True:
+                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                    if pid:
+                        break
+                    if time.perf_counter() > deadline:
+                        proc.kill()
+                        timed_out = True
+                        pid, status, usage = os.wait4(proc.pid, 0)
+                        break
+                    time.sleep(0.05)
+            else:
+                pid, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            os.wait4(proc.pid, 0)
+            proc.returncode = -9
+            raise
+        seconds = time.perf_counter() - start
+        after = cpu_sample()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        cpu = usage.ru_utime + usage.ru_stime
+        total_jiffies = max(after[0] - before[0], 1)
+        child_share = cpu * os.sysconf("SC_CLK_TCK") / total_jiffies
+        others = max(others_busy(before, after) - child_share, 0.0)
+        out.seek(0)
+        err.seek(0)
+        return ChildResult(
+            returncode=proc.returncode,
+            seconds=seconds,
+            cpu_seconds=cpu,
+            peak_rss_mb=usage.ru_maxrss / 1024,  # KB on Linux
+            others_cpu_busy=others,
+            stdout=out.read(),
+            stderr=err.read(),
+            timed_out=timed_out,
+        )
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment with OMP/MKL threads set (torch reads OMP_NUM_THREADS at start)."""
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[name] = str(threads)
+    return env
+
+
+def self_peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _process_jiffies(pid: int | None) -> int:
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def wait_until_quiet(max_busy: float, timeout: float, exclude_pid: int | None = None) -> float:
+    """Wait until other processes use at most ``max_busy`` of all CPUs over a 2 s window,
+    not counting ``exclude_pid`` (the process ``--pause-pid`` will stop), or ``timeout`` seconds
+    pass. Returns the last share seen. ``max_busy >= 1`` returns at once."""
+    if max_busy >= 1:
+        return 0.0
+    deadline = time.monotonic() + timeout
+    while True:
+        before, jiffies = cpu_sample(), _process_jiffies(exclude_pid)
+        time.sleep(2.0)
+        after, excluded = cpu_sample(), _process_jiffies(exclude_pid) - jiffies
+        busy = others_busy(before, after) - excluded / max(after[0] - before[0], 1)
+        if busy <= max_busy or time.monotonic() > deadline:
+            return max(busy, 0.0)

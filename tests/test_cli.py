@@ -5,16 +5,14 @@ import re
 from elmokit.cli import main
 
 
-def test_demo_prints_context_free_layer_zero_and_contextual_layers(capsys):
-    assert main(["demo"]) == 0
+def test_demo_ranks_held_out_contexts_per_layer(capsys):
+    assert main(["demo", "--model", "elmo-tiny-reference", "-k", "2"]) == 0
     out = capsys.readouterr().out
-    assert "layers tensor (3, 3, 11, 32)" in out
-    rows = {
-        m.group(1): [float(x) for x in m.group(2).split()]
-        for m in re.finditer(r"^\s+(\d) \(.*?\)\s+([-\d. ]+)$", out, re.M)
-    }
-    assert rows["0"] == [1.0, 1.0, 1.0]
-    assert all(v < 0.999 for v in rows["1"] + rows["2"])
+    assert "embedded 207 held-out news sentences containing 'bank'" in out
+    assert out.count("layer 0 (char CNN, context-free): all 207 contexts score 1.000") == 2
+    ranks = re.findall(r"layer (\d) \(biLSTM\): \d+% of the top 2 .*?contexts: ([\d, .]+)", out)
+    assert [layer for layer, _ in ranks] == ["1", "2", "1", "2"]
+    assert len(re.findall(r"^ +\d\.\d{3} \[(money|river|other)\] ", out, re.M)) == 8
 
 
 def test_demo_reports_missing_model_folder(capsys, tmp_path):

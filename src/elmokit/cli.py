@@ -17,10 +17,10 @@ from .bilm import BiLM
 from .characters import batch_to_ids
 from .pretrained import TINY_REFERENCE, model_files
 
-DEMO_SENTENCES = [
-    "She went to the bank to withdraw money .",
-    "They had a picnic on the bank of the river .",
-    "The bank raised its interest rates on Tuesday .",
+DEMO_WORD = "bank"
+DEMO_QUERIES = [
+    ("She went to the bank to withdraw money .", "money"),
+    ("They had a picnic on the bank of the river .", "river"),
 ]
 
 
@@ -32,43 +32,65 @@ def _load_model(args: argparse.Namespace) -> BiLM:
     return BiLM.load(*model_files(args.model))
 
 
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+def _snippet(tokens: Sequence[str], word: str, width: int = 96) -> str:
+    """The sentence around the first ``word``, cut to about ``width`` characters."""
+    text = " ".join(tokens)
+    if len(text) <= width:
+        return text
+    at = text.find(f" {word} ") if f" {word} " in text else text.find(word)
+    begin = max(0, min(at - width // 2, len(text) - width))
+    end = begin + width
+    return ("..." if begin else "") + text[begin:end] + ("..." if end < len(text) else "")
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Embed example sentences and show how the layers treat one word in different contexts."""
+    """Show that context separates word senses: neighbours of "bank" among held-out news."""
+    from .embed import Embedder
+    from .senses import nearest_contexts, read_contexts
+
     model = _load_model(args)
-    sentences = [s.split() for s in DEMO_SENTENCES]
+    embedder = Embedder(model)
+    contexts = read_contexts()
+    queries = [(text.split(), sense) for text, sense in DEMO_QUERIES]
     start = time.perf_counter()
-    with torch.no_grad():
-        out = model(batch_to_ids(sentences))
+    results = nearest_contexts(embedder, DEMO_WORD, queries, contexts, k=args.k)
     seconds = time.perf_counter() - start
-    n_tokens = sum(map(len, sentences))
     lstm = model.options.lstm
+    senses = {s: sum(c.sense == s for c in contexts) for s in dict.fromkeys(c.sense for c in contexts)}
+    n_tokens = sum(len(c.tokens) for c in contexts) + sum(len(q) for q, _ in queries)
     print(
-        f"model: {args.options or args.model}: {lstm.n_layers} LSTM layers of {lstm.dim} cells, "
+        f"model {args.options or args.model}: {lstm.n_layers} biLSTM layers of {lstm.dim} cells, "
         f"projection {lstm.projection_dim}, {sum(p.numel() for p in model.parameters()):,} parameters"
     )
     print(
-        f"embedded {len(sentences)} sentences ({n_tokens} tokens) in {seconds * 1000:.1f} ms: "
-        f"layers tensor {tuple(out.layers.shape)} = (layers, sentences, tokens, dim)\n"
+        f"embedded {len(contexts)} held-out news sentences containing '{DEMO_WORD}' "
+        f"({', '.join(f'{n} {s}' for s, n in senses.items())} sense) and {len(queries)} queries, "
+        f"{n_tokens:,} tokens, in {seconds:.1f} s\n"
     )
-    word = "bank"
-    vectors = [out.layers[:, i, s.index(word)] for i, s in enumerate(sentences)]
-    for i, s in enumerate(DEMO_SENTENCES):
-        norms = ", ".join(f"{float(v.norm()):.2f}" for v in vectors[i])
-        print(f"  [{i}] {s}\n      |{word}| per layer: {norms}")
-    print(f"\ncosine similarity of '{word}' between contexts, per layer:")
-    print(f"  {'layer':<16} " + "  ".join(f"{f'[{a}]-[{b}]':>9}" for a, b in [(0, 1), (0, 2), (1, 2)]))
-    for layer in range(out.layers.shape[0]):
-        sims = [_cosine(vectors[a][layer], vectors[b][layer]) for a, b in [(0, 1), (0, 2), (1, 2)]]
-        name = "0 (char CNN)" if layer == 0 else f"{layer} (biLSTM)"
-        print(f"  {name:<16} " + "  ".join(f"{s:9.4f}" for s in sims))
+    for (tokens, sense), rankings in zip(queries, results):
+        print(f"query ({sense} sense): {' '.join(tokens)}")
+        for ranking in rankings:
+            if ranking.layer == 0:
+                print(
+                    f"  layer 0 (char CNN, context-free): all {len(contexts)} contexts score "
+                    f"{ranking.neighbours[0].score:.3f}; it cannot tell the senses apart"
+                    if ranking.distinct_scores == 1
+                    else f"  layer 0: {ranking.distinct_scores} distinct scores"
+                )
+                continue
+            ranks = ranking.same_sense_ranks
+            shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+            print(
+                f"  layer {ranking.layer} (biLSTM): {ranking.same_sense_at_k:.0%} of the top "
+                f"{args.k} have the query's sense; ranks of the {len(ranks)} {sense} contexts: {shown}"
+            )
+            for n in ranking.neighbours:
+                print(f"     {n.score:.3f} [{n.context.sense}] {_snippet(n.context.tokens, DEMO_WORD)}")
+        print()
     print(
-        "\nLayer 0 is context-independent: the same word gets the same vector everywhere "
-        "(cosine 1).\nThe biLSTM layers depend on the whole sentence, so the same word differs "
-        "between contexts."
+        f"Layer 0 gives '{DEMO_WORD}' one vector whatever the sentence. The biLSTM layers read the "
+        "whole sentence,\nso the same word gets different vectors; the ranks above show how well they "
+        "find the query's sense."
     )
     if args.model == TINY_REFERENCE and not args.options:
         print(
@@ -310,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=TINY_REFERENCE, help="shipped model name or model folder")
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
+    p.add_argument("-k", type=int, default=3, help="neighbours shown per layer")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("embed", help="embed a file of sentences into HDF5")
@@ -403,6 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir")
     p.add_argument("out_dir")
     p.set_defaults(func=export_command)
+
+    from .tasks.cli import add_task_parser
+
+    add_task_parser(sub)  # elmokit task ner|pos|sentiment ...
     return parser
 
 

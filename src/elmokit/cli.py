@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from .bilm import BiLM
-from .characters import batch_to_ids
 from .pretrained import TINY_REFERENCE, model_files
 
 DEMO_WORD = "bank"

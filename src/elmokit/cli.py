@@ -303,7 +303,7 @@ def start_state_command(args: argparse.Namespace) -> int:
         from .train import evaluate_perplexity, load_language_model
 
         lm, vocab = load_language_model(args.model_dir)
-        held = _read_sentences(args.heldout, args.sentences)
+        held = _read_sentences(args.heldout, None)  # all of it, as the stream protocol
         stream = evaluate_perplexity(lm, vocab, args.heldout)
         print(f"held-out {args.heldout}: perplexity forward / backward / average")
         print(
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("start-state", help="estimate a model's start state for warm mode")
     p.add_argument("model_dir", help="exported model folder (options.json + weights.hdf5)")
     p.add_argument("--text", required=True, help="glob of running text (not the test set)")
-    p.add_argument("--sentences", type=int, default=20000, help="at most this many sentences")
+    p.add_argument("--sentences", type=int, default=20000, help="at most this many sentences of --text")
     p.add_argument("--rows", type=int, default=32, help="parallel streams")
     p.add_argument("--write", action="store_true", help="store it in the model's weights.hdf5")
     p.add_argument("--heldout", help="glob of held-out text: compare perplexity of the modes")

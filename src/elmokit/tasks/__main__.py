@@ -1,0 +1,7 @@
+"""``python -m elmokit.tasks ner|pos|sentiment --train F --dev F --test F --out DIR ...``"""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,7 +1,8 @@
 """Inference speed of the biLM on real sentences, in the published model shapes (random weights).
 
     python benchmarks/bench_bilm.py --sentences FILE [--shapes small,original]
-        [--batch-sizes 1,16,64] [--n-sentences N] [--time-budget T] [--threads 2] [--json OUT]
+        [--batch-sizes 1,16,64] [--n-sentences N] [--time-budget T] [--threads 2]
+        [--pause-pid PID] [--json OUT]
 
 Each shape is built with fresh random weights, written with ``BiLM.save`` to a temp dir and read
 back with ``BiLM.load``. Every (shape, batch size) runs in its own subprocess (this script with
@@ -15,6 +16,9 @@ useful work only, not the work the model spends on boundaries and padding. The m
 char CNN once per distinct token of a batch, so it does less token-encoder work than FLOPs/token
 says: the "distinct" column (distinct tokens per batch / tokens) shows how much less; GFLOP/s
 can thus exceed the matmul rate at large batches.
+
+``--pause-pid PID`` stops that process (e.g. a training job on the same cores) during the matmul
+measurement and each worker run, and resumes it right after (always, also on errors).
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop a configuration after the batch that passes T seconds (default 20)",
     )
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--pause-pid", type=int, help="SIGSTOP this process during each run (SIGCONT after)")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -190,9 +195,13 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     command = shlex.join([sys.executable, *sys.argv])
     print(f"command: {command}", flush=True)
-    cpu_before = cpu_sample()  # other processes on the machine skew every figure
-    rate = matmul_gflops(args.threads)
-    matmul_others = others_busy(cpu_before, cpu_sample())
+    from common import Pauser  # common imports this module: import it only here
+
+    pauser = Pauser(args.pause_pid)
+    with pauser:
+        cpu_before = cpu_sample()  # other processes on the machine skew every figure
+        rate = matmul_gflops(args.threads)
+        matmul_others = others_busy(cpu_before, cpu_sample())
     print(
         f"torch {torch.__version__}, {args.threads} threads; fp32 matmul (64x512)@(512x16384): "
         f"{rate:.1f} GFLOP/s (best of 10; other processes used {matmul_others:.0%} of the CPUs)"
@@ -222,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
                     "n_sentences": args.n_sentences or DEFAULT_N.get(shape, 64),
                     "time_budget": args.time_budget,
                 }
-                result = {"shape": shape, "batch_size": size, **run_worker(spec)}
+                with pauser:
+                    measured = run_worker(spec)
+                result = {"shape": shape, "batch_size": size, **measured}
                 result["gflops_per_s"] = per_token * result["tokens_per_s"] / 1e9
                 result["fraction_of_matmul"] = result["gflops_per_s"] / rate
                 results.append(result)
@@ -249,11 +260,13 @@ def main(argv: list[str] | None = None) -> None:
     print("(others = share of all CPUs that other processes used while this configuration ran)")
     if max([matmul_others] + [r["others_cpu_busy"] for r in results]) > 0.1:
         print("WARNING: other processes were using the CPUs; the figures are unreliable (low)")
+    print(pauser.summary())
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
                     "command": command,
+                    "paused_seconds": pauser.total,
                     "torch": torch.__version__,
                     "threads": args.threads,
                     "matmul_gflops": rate,

@@ -11,7 +11,7 @@ from torch import nn
 
 from .char_cnn import TokenEncoder
 from .characters import BOS_TOKEN, EOS_TOKEN, lengths_from_ids, tokens_to_ids
-from .lstm import BiLstm, LstmState
+from .lstm import BiLstm, LstmState, Packing, needs_autograd
 from .options import BiLMOptions
 from .weights import load_weights, save_weights
 
@@ -117,6 +117,8 @@ class BiLM(nn.Module):
         the boundaries. Sequences longer than ``window`` steps are processed in windows that carry
         the LSTM states across (identical results, bounded memory).
         """
+        if not needs_autograd(self.lstm, tokens):
+            return self._contextualize_packed(tokens, lengths, keep_sentence_boundaries)
         inputs = torch.stack([tokens, reverse_padded(tokens, lengths)])
         outputs, final = self._run_lstm(inputs, lengths, self._initial_state(tokens.shape[0], tokens))
         if self.stateful:
@@ -132,6 +134,49 @@ class BiLM(nn.Module):
         inner_mask = mask[:, 2:]  # position t holds token t + 1; the last two are never real
         inner = layers[:, :, 1:-1] * inner_mask.unsqueeze(-1).to(layers.dtype).unsqueeze(0)
         return BiLMOutput(inner, inner_mask)
+
+    @torch.no_grad()
+    def _contextualize_packed(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, keep_sentence_boundaries: bool
+    ) -> BiLMOutput:
+        """``contextualize`` without autograd, on the real positions only: each window's tokens
+        are gathered straight into the packed layout of both directions (the backward one
+        reversed), and the LSTM outputs are scattered straight into the result."""
+        batch, steps, dim = tokens.shape
+        device = tokens.device
+        lengths_cpu = lengths.cpu().clamp(0, steps)
+        lengths_dev = lengths_cpu.to(device)
+        first = 0 if keep_sentence_boundaries else 1  # drop <S> and </S> unless kept
+        width = max(steps - 2 * first, 0)
+        n_layers = self.options.lstm.n_layers
+        layers = tokens.new_zeros(n_layers + 1, batch * width * 2, dim)
+        flat = tokens.reshape(batch * steps, dim)
+        state = self._initial_state(batch, tokens)
+        window = self.window or steps
+        for start in range(0, steps, window):
+            packing = Packing.from_lengths(lengths_cpu - start, min(window, steps - start), device)
+            if packing.size == 0:
+                break
+            rows, t = packing.rows, packing.times + start
+            n = lengths_dev[rows]
+            forward = flat.index_select(0, rows * steps + t)
+            inputs = torch.stack([forward, flat.index_select(0, rows * steps + (n - 1 - t))])
+            packed, state = self.lstm.run_packed(inputs, packing, state)
+            # Result rows: (row * width + position) * 2 + direction.
+            target_f = (rows * width + t - first) * 2
+            target_b = (rows * width + (n - 1 - t) - first) * 2 + 1
+            if first:
+                real = ((t >= first) & (t < n - first)).nonzero(as_tuple=True)[0]
+                target_f, target_b, forward = target_f[real], target_b[real], forward[real]
+                packed = packed.index_select(2, real)
+            layers[0].index_copy_(0, torch.cat([target_f, target_f + 1]), forward.repeat(2, 1))
+            layers[1:].index_copy_(1, torch.cat([target_f, target_b]), packed.flatten(1, 2))
+        if self.stateful:
+            self._carry(state)
+        mask = torch.arange(steps, device=device).unsqueeze(0) < lengths_dev.unsqueeze(1)
+        if first:
+            mask = mask[:, 2:]
+        return BiLMOutput(layers.view(n_layers + 1, batch, width, 2 * dim), mask)
 
     def _run_lstm(
         self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState

@@ -12,7 +12,8 @@ import os
 import sys
 import tempfile
 import time
-from collections import OrderedDict
+from array import array as typed_array
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ class TokenCache:
         self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.hits = self.misses = 0
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def lookup(self, tokens: Sequence[str]) -> list[torch.Tensor]:
         """One (projection_dim,) vector per token."""
         distinct = dict.fromkeys(tokens)
@@ -65,6 +66,88 @@ class TokenCache:
             while len(self._vectors) > self.size:
                 self._vectors.popitem(last=False)
         return out
+
+
+class SentenceIndex:
+    """The "sentence_to_index" JSON of ``allennlp elmo``, ``json.dumps({sentence: str(line)})``,
+    built with little memory: the sentences go to a temporary file as they come, and only their
+    hashes and file offsets (16 bytes a sentence) stay in memory. A repeated sentence keeps its
+    first position and takes its last line number, as a dict does; equal hashes are compared by
+    their text, so the result is exactly the dict's JSON.
+
+    ``add`` the sentences in line order, then ``to_json()`` returns the UTF-8 bytes (ASCII, since
+    ``json.dumps`` escapes every non-ASCII character)."""
+
+    def __init__(self, folder: str | os.PathLike | None = None) -> None:
+        self._folder = folder
+        self._keys = tempfile.TemporaryFile(dir=folder)
+        self._hashes = typed_array("q")
+        self._offsets = typed_array("q")
+        self._end = 0
+
+    def __enter__(self) -> SentenceIndex:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._keys.close()
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def add(self, sentence: str) -> None:
+        line = json.dumps(sentence).encode("ascii") + b"\n"
+        self._hashes.append(hash(sentence))
+        self._offsets.append(self._end)
+        self._keys.write(line)
+        self._end += len(line)
+
+    def _key(self, i: int) -> bytes:
+        self._keys.seek(self._offsets[i])
+        return self._keys.readline()
+
+    def to_json(self) -> bytes:
+        n = len(self._hashes)
+        if n == 0:
+            return b"{}"
+        hashes = np.frombuffer(self._hashes, dtype=np.int64)
+        order = np.argsort(hashes, kind="stable")  # equal hashes in line order
+        bounds = np.flatnonzero(np.diff(hashes[order])) + 1
+        starts, ends = np.r_[0, bounds], np.r_[bounds, n]
+        first = np.ones(n, dtype=bool)  # the line that places its sentence in the JSON
+        value = np.arange(n)  # the line number written for it
+        for g in np.flatnonzero(ends - starts > 1):  # same hash: group by the actual text
+            lines: dict[bytes, list[int]] = {}
+            for i in order[starts[g] : ends[g]].tolist():
+                lines.setdefault(self._key(i), []).append(i)
+            for same in lines.values():
+                first[same[1:]] = False
+                value[same[0]] = same[-1]
+        self._keys.flush()
+        self._keys.seek(0)
+        with tempfile.TemporaryFile(dir=self._folder) as out:
+            out.write(b"{")
+            separator = b""
+            for i, (line, is_first) in enumerate(zip(self._keys, first.tolist())):
+                if is_first:
+                    out.write(b'%s%s: "%d"' % (separator, line[:-1], value[i]))
+                    separator = b", "
+            out.write(b"}")
+            out.seek(0)
+            return out.read()
+
+
+def _release_free_memory() -> None:
+    """Give the allocator's free memory back to the system (glibc only; else nothing)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
 
 
 def _device(module: torch.nn.Module) -> torch.device:
@@ -125,7 +208,7 @@ class Embedder:
         return self.bilm.output_dim
 
     # -- batches -------------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One float32 array (num_layers, n_tokens, dim) per sentence, in the given order."""
         _check_sentences(sentences)
@@ -224,10 +307,13 @@ class Embedder:
         os.close(fd)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
-        index: dict[str, str] = {}
         try:
-            with h5py.File(tmp_name, "w") as out, _progress(progress, total) as bar:
-                texts: list[str] = []
+            with (
+                h5py.File(tmp_name, "w") as out,
+                _progress(progress, total) as bar,
+                SentenceIndex(output.parent) as index,
+            ):
+                texts: deque[str] = deque()  # lines read but not yet written, in order
 
                 def token_lists() -> Iterator[list[str]]:
                     for text in lines:
@@ -236,9 +322,9 @@ class Embedder:
 
                 for i, array in enumerate(self.embed_sentences(token_lists())):
                     out.create_dataset(str(i), data=_select_layers(array, layers))
+                    text = texts.popleft()
                     if sentence_index:
-                        index[texts[i].strip()] = str(i)
-                    texts[i] = ""
+                        index.add(text.strip())
                     n = array.shape[1]
                     stats["sentences"] += 1
                     stats["tokens"] += n
@@ -246,9 +332,8 @@ class Embedder:
                     bar.update(1)
                     bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
                 if sentence_index:
-                    out.create_dataset(
-                        "sentence_to_index", data=[json.dumps(index)], dtype=h5py.string_dtype()
-                    )
+                    _release_free_memory()  # the JSON is written at once: do not add to the peak
+                    out.create_dataset("sentence_to_index", data=[index.to_json()], dtype=h5py.string_dtype())
             os.replace(tmp_name, output)
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
@@ -267,7 +352,7 @@ class Embedder:
         for number, token in enumerate(tokens, start=1):
             if not token:
                 raise ValueError(f"{vocab_path}: line {number} is empty")
-        with torch.no_grad():
+        with torch.inference_mode():
             vectors = [
                 self.bilm.encode_tokens(tokens[i : i + 4096]).float().cpu().numpy()
                 for i in range(0, len(tokens), 4096)

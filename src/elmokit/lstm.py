@@ -8,6 +8,11 @@ Both directions are computed together: every tensor has a leading direction axis
 The cell is TensorFlow's LSTMCell as the original uses it: gates in the order i, j (candidate),
 f, o; 1.0 added to the forget gate at run time; the cell clipped before tanh(c); the projected
 output clipped after the projection.
+
+Inside, the layers work on *packed* sequences: the real positions only, time-major, rows sorted
+by length (longest first), so that step t holds rows ``0 .. batch_sizes[t] - 1`` in one
+contiguous block. Padding is never computed, and a row's hidden state at step t is also its
+output at step t, so the recurrence reads the previous step's block of the output.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from torch import nn
 from .options import LstmOptions
 
 FORGET_BIAS = 1.0
+
+# The input side of the gates is computed for groups of timesteps holding at most this many
+# elements (2 directions x packed rows x 4 * dim), which bounds memory for long or large batches.
+INPUT_CHUNK_ELEMENTS = 1 << 21
 
 
 class LstmState(NamedTuple):
@@ -38,6 +47,63 @@ class LstmState(NamedTuple):
 
     def detach(self) -> LstmState:
         return LstmState(self.h.detach(), self.c.detach())
+
+
+class Packing(NamedTuple):
+    """The real positions of a batch in the packed layout: time-major, rows sorted by length
+    (longest first), so that step t is one block of ``batch_sizes[t]`` packed rows.
+
+    batch_sizes[t]: rows still running at step t; offsets[t]: the first packed row of step t
+    (offsets[-1] = number of packed rows); rows, times (n_packed,): the original batch row and
+    the step of each packed row; order: sorted rank -> original row (None if the rows are
+    already sorted); last (batch,): the packed row of each sorted row's last step (-1 for a row
+    of length 0).
+    """
+
+    batch_sizes: list[int]
+    offsets: list[int]
+    rows: torch.Tensor
+    times: torch.Tensor
+    order: torch.Tensor | None
+    last: torch.Tensor
+
+    @classmethod
+    def from_lengths(cls, lengths: torch.Tensor, steps: int, device: torch.device | None = None) -> Packing:
+        """lengths (batch,) of rows over ``steps`` timesteps (clamped to 0 .. steps)."""
+        lengths = lengths.cpu().clamp(0, steps)
+        order = None
+        if not bool((lengths[:-1] >= lengths[1:]).all()):
+            order = torch.argsort(lengths, descending=True, stable=True)
+            lengths = lengths[order]
+        running = torch.arange(steps).unsqueeze(1) < lengths.unsqueeze(0)  # (steps, batch)
+        batch_sizes = running.sum(1)
+        offsets = torch.zeros(steps + 1, dtype=torch.long)
+        torch.cumsum(batch_sizes, 0, out=offsets[1:])
+        times, rank = running.nonzero(as_tuple=True)  # time-major, ranks ascending
+        rows = rank if order is None else order[rank]
+        last = torch.where(lengths > 0, offsets[(lengths - 1).clamp(min=0)] + torch.arange(len(lengths)), -1)
+        return cls(
+            batch_sizes.tolist(),
+            offsets.tolist(),
+            rows.to(device),
+            times.to(device),
+            None if order is None else order.to(device),
+            last,
+        )
+
+    @property
+    def size(self) -> int:
+        """Number of packed rows (real positions)."""
+        return self.offsets[-1] if self.offsets else 0
+
+
+def needs_autograd(module: nn.Module, *tensors: torch.Tensor) -> bool:
+    """Whether to run out-of-place (autograd, or autocast, which in-place ops would bypass)."""
+    if torch.is_autocast_enabled(tensors[0].device.type):
+        return True
+    return torch.is_grad_enabled() and (
+        any(t.requires_grad for t in tensors) or any(p.requires_grad for p in module.parameters())
+    )
 
 
 class BiLstmLayer(nn.Module):
@@ -75,45 +141,80 @@ class BiLstmLayer(nn.Module):
     def forward(
         self,
         inputs: torch.Tensor,
-        batch_sizes: list[int],
+        packing: Packing,
         h0: torch.Tensor,
         c0: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run the recurrence over time.
+        """Run the recurrence over time on packed inputs.
 
-        inputs: (2, batch, timesteps, input_dim), rows sorted by length (longest first);
-        batch_sizes[t]: number of rows still running at step t; h0 (2, batch, projection_dim),
-        c0 (2, batch, dim). Returns outputs (2, batch, timesteps, projection_dim), zero where a
-        row has ended, and the final h and c (each row's state after its last step).
+        inputs: (2, n_packed, input_dim) (see ``Packing``); h0 (2, batch, projection_dim) and
+        c0 (2, batch, dim) in sorted row order. Returns the packed outputs (2, n_packed,
+        projection_dim) and the final h and c of each (sorted) row, taken after its last step
+        (rows of length 0 keep h0, c0). When no gradient is needed the outputs are written into
+        ``out`` if given.
         """
-        _, batch, steps, input_dim = inputs.shape
-        # The input side of all timesteps in one matmul per direction.
-        projected = torch.baddbmm(
-            self.bias.unsqueeze(1), inputs.reshape(2, batch * steps, input_dim), self.weight_input
-        ).view(2, batch, steps, 4 * self.dim)
-        # One view per step: the backward pass then stacks the step gradients once instead of
-        # adding each into a zero-filled tensor of the full size.
-        per_step = projected.unbind(2)
-        h, c = h0, c0
-        outputs = []
-        for t in range(steps):
-            n = batch_sizes[t]
-            if n == 0:
-                break
-            x_t = per_step[t] if n == batch else per_step[t][:, :n]
-            h_t, c_t = self._step(x_t, h[:, :n], c[:, :n])
-            if n < batch:
-                h = torch.cat([h_t, h[:, n:]], dim=1)
-                c = torch.cat([c_t, c[:, n:]], dim=1)
+        if needs_autograd(self, inputs, h0, c0):
+            return self._recur_autograd(inputs, packing, h0, c0)
+        return self._recur_inplace(inputs, packing, h0, c0, out)
+
+    def _input_chunks(self, inputs: torch.Tensor, packing: Packing, inplace: bool = False):
+        """(first step, end step, input-side gates (2, rows, 4 * dim)) for groups of steps.
+
+        In place, the groups hold at most INPUT_CHUNK_ELEMENTS values and are all written into
+        one buffer (the caller must be done with a group before asking for the next). Out of
+        place (autograd) all steps form one group: the backward pass keeps every step's gates
+        anyway, so smaller groups would not bound memory."""
+        limit = max(INPUT_CHUNK_ELEMENTS // (8 * self.dim), 1) if inplace else packing.size
+        sizes, offsets = packing.batch_sizes, packing.offsets
+        steps = len(sizes)
+        bias = self.bias.unsqueeze(1)
+        buffer = None
+        start = 0
+        while start < steps and sizes[start] > 0:
+            end = start + 1
+            while end < steps and sizes[end] > 0 and offsets[end + 1] - offsets[start] <= limit:
+                end += 1
+            rows = inputs[:, offsets[start] : offsets[end]]
+            if not inplace:
+                yield start, end, torch.baddbmm(bias, rows, self.weight_input)
             else:
-                h, c = h_t, c_t
-            outputs.append(h_t if n == batch else F.pad(h_t, (0, 0, 0, batch - n)))
+                if buffer is None:
+                    size = min(max(limit, rows.shape[1]), offsets[-1] - offsets[start])
+                    buffer = inputs.new_empty(2, size, 4 * self.dim)
+                if buffer.shape[1] < rows.shape[1]:  # one step larger than the limit
+                    buffer = inputs.new_empty(2, rows.shape[1], 4 * self.dim)
+                projected = buffer[:, : rows.shape[1]]
+                projected.copy_(bias.expand_as(projected)).baddbmm_(rows, self.weight_input)
+                yield start, end, projected
+            start = end
+
+    def _recur_autograd(
+        self, inputs: torch.Tensor, packing: Packing, h0: torch.Tensor, c0: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Out-of-place steps (for back-propagation): each step's h and c are new tensors, the
+        next step reads their first rows; no full-size copy per step."""
+        sizes = packing.batch_sizes
+        h, c = h0, c0
+        outputs, ended_h, ended_c = [], [], []
+        for start, end, projected in self._input_chunks(inputs, packing):
+            # One view per step from one split: its backward concatenates the step gradients
+            # once, where slicing would add each into a zero-filled tensor of the full size.
+            per_step = projected.split(sizes[start:end], dim=1)
+            for t in range(start, end):
+                n = sizes[t]
+                h, c = self._step(per_step[t - start], h[:, :n], c[:, :n])
+                outputs.append(h)
+                n_next = sizes[t + 1] if t + 1 < len(sizes) else 0
+                if n_next < n:  # rows n_next .. n - 1 end here
+                    ended_h.append(h[:, n_next:])
+                    ended_c.append(c[:, n_next:])
+        n_running = sizes[0] if sizes else 0
+        final_h = torch.cat([*reversed(ended_h), h0[:, n_running:]], dim=1)
+        final_c = torch.cat([*reversed(ended_c), c0[:, n_running:]], dim=1)
         if not outputs:
-            return inputs.new_zeros(2, batch, steps, self.output_dim), h, c
-        out = torch.stack(outputs, dim=2)
-        if out.shape[2] < steps:
-            out = F.pad(out, (0, 0, 0, steps - out.shape[2]))
-        return out, h, c
+            return inputs.new_zeros(2, 0, self.output_dim), final_h, final_c
+        return torch.cat(outputs, dim=1), final_h, final_c
 
     def _step(
         self, projected: torch.Tensor, h: torch.Tensor, c: torch.Tensor
@@ -130,6 +231,56 @@ class BiLstmLayer(nn.Module):
         if self.proj_clip is not None:
             h = h.clamp(-self.proj_clip, self.proj_clip)
         return h, c
+
+    @torch.no_grad()
+    def _recur_inplace(
+        self,
+        inputs: torch.Tensor,
+        packing: Packing,
+        h0: torch.Tensor,
+        c0: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The same arithmetic as ``_step``, in place: the gates are computed inside the chunk of
+        input-side gates, c is updated in its buffer and h is written straight into the output,
+        where the next step reads it. No allocation per step."""
+        sizes, offsets = packing.batch_sizes, packing.offsets
+        dim = self.dim
+        if out is None:
+            out = inputs.new_empty(2, packing.size, self.output_dim)
+        c = c0.clone()
+        w_hidden, w_proj = self.weight_hidden, self.weight_projection
+        h_prev = h0
+        for start, end, projected in self._input_chunks(inputs, packing, inplace=True):
+            base = offsets[start]
+            for t in range(start, end):
+                n = sizes[t]
+                gates = projected[:, offsets[t] - base : offsets[t + 1] - base]
+                gates.baddbmm_(h_prev[:, :n], w_hidden)
+                i, j, f = gates[..., :dim], gates[..., dim : 2 * dim], gates[..., 2 * dim : 3 * dim]
+                f.add_(FORGET_BIAS)
+                gates[..., 2 * dim :].sigmoid_()  # f and o
+                i.sigmoid_()
+                j.tanh_()
+                c_t = c[:, :n]
+                c_t.mul_(f).add_(i.mul_(j))
+                if self.cell_clip is not None:
+                    c_t.clamp_(-self.cell_clip, self.cell_clip)
+                h_t = out[:, offsets[t] : offsets[t + 1]]
+                if w_proj is not None:
+                    torch.tanh(c_t, out=j).mul_(gates[..., 3 * dim :])
+                    torch.bmm(j, w_proj, out=h_t)
+                else:
+                    torch.tanh(c_t, out=h_t).mul_(gates[..., 3 * dim :])
+                if self.proj_clip is not None:
+                    h_t.clamp_(-self.proj_clip, self.proj_clip)
+                h_prev = h_t
+        ran = packing.last >= 0
+        h = h0.clone()
+        if bool(ran.any()):
+            rows = ran.nonzero(as_tuple=True)[0].to(h.device)
+            h[:, rows] = out[:, packing.last[ran].to(out.device)]
+        return out, h, c
 
 
 class BiLstm(nn.Module):
@@ -161,35 +312,58 @@ class BiLstm(nn.Module):
         left-aligned; lengths (batch,). Returns outputs (n_layers, 2, batch, timesteps,
         projection_dim), zero past each row's length, and the final state of each row (taken at
         its last real step; rows of length 0 keep their initial state)."""
-        batch, steps = inputs.shape[1], inputs.shape[2]
+        _, batch, steps, input_dim = inputs.shape
+        packing = Packing.from_lengths(lengths, steps, inputs.device)
+        index = packing.rows * steps + packing.times
+        x = inputs.reshape(2, batch * steps, input_dim).index_select(1, index)
+        dropout_layout = (batch * steps, index) if self.training and self.dropout > 0 else None
+        packed, final = self.run_packed(x, packing, state, dropout_layout)
+        shape = (len(self.layers), 2, batch * steps, self.options.projection_dim)
+        if packed.requires_grad:
+            outputs = packed.new_zeros(shape).index_copy(2, index, packed)
+        else:
+            outputs = packed.new_zeros(shape).index_copy_(2, index, packed)
+        return outputs.view(*shape[:2], batch, steps, shape[-1]), final
+
+    def run_packed(
+        self,
+        inputs: torch.Tensor,
+        packing: Packing,
+        state: LstmState | None = None,
+        dropout_layout: tuple[int, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, LstmState]:
+        """The layers on packed inputs (2, n_packed, input_dim) -> packed outputs (n_layers, 2,
+        n_packed, projection_dim) and the final state (rows in their original order).
+
+        ``dropout_layout`` = (batch * timesteps, flat index of each packed row) draws the
+        dropout masks on the padded (2, batch, timesteps, dim) layout (training)."""
+        batch = len(packing.last)
         if state is None:
             state = self.zero_state(batch, inputs.device)
-        lengths_cpu = lengths.cpu()
-        sorted_rows = bool((lengths_cpu[:-1] >= lengths_cpu[1:]).all())
-        order = None
-        if not sorted_rows:
-            order = torch.argsort(lengths_cpu, descending=True, stable=True)
-            lengths_cpu = lengths_cpu[order]
-            order = order.to(inputs.device)
-            inputs, state = inputs[:, order], state.select(order)
-        batch_sizes = (lengths_cpu.unsqueeze(0) > torch.arange(steps).unsqueeze(1)).sum(1).tolist()
-
-        layer_outputs, final_h, final_c = [], [], []
+            state = LstmState(state.h.to(inputs.dtype), state.c.to(inputs.dtype))
+        if packing.order is not None:
+            state = state.select(packing.order)
+        grad = needs_autograd(self, inputs, state.h, state.c)
+        buffer = None
+        if not grad:
+            n_layers, proj = len(self.layers), self.options.projection_dim
+            buffer = inputs.new_empty(n_layers, 2, packing.size, proj)
         x = inputs
+        outputs, final_h, final_c = [], [], []
         for k, layer in enumerate(self.layers):
-            if self.training and self.dropout > 0:
-                x = F.dropout(x, self.dropout, training=True)
-            out, h, c = layer(x, batch_sizes, state.h[k], state.c[k])
+            if dropout_layout is not None:
+                size, index = dropout_layout
+                noise = F.dropout(x.new_ones(2, size, x.shape[-1]), self.dropout, True)
+                x = x * noise.index_select(1, index)
+            out, h, c = layer(x, packing, state.h[k], state.c[k], None if grad else buffer[k])
             if k > 0 and self.options.use_skip_connections:
-                out = out + x
-            layer_outputs.append(out)
+                out = out + x if grad else out.add_(x)
+            outputs.append(out)
             final_h.append(h)
             final_c.append(c)
             x = out
-        mask = (torch.arange(steps) < lengths_cpu.unsqueeze(1)).to(inputs.device, inputs.dtype)
-        outputs = torch.stack(layer_outputs) * mask[:, :, None]
+        packed = torch.stack(outputs) if grad else buffer
         final = LstmState(torch.stack(final_h), torch.stack(final_c))
-        if order is not None:
-            inverse = torch.argsort(order)
-            outputs, final = outputs[:, :, inverse], final.select(inverse)
-        return outputs, final
+        if packing.order is not None:
+            final = final.select(torch.argsort(packing.order))
+        return packed, final

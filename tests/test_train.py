@@ -302,3 +302,28 @@ def test_state_reset_zeroes_carried_states(tmp_path, corpus):
     reset, fresh, carried = losses(1.0, False), losses(0.0, True), losses(0.0, False)
     np.testing.assert_allclose(reset, fresh, rtol=1e-6)
     assert not np.allclose(carried[1:], fresh[1:], rtol=1e-6)
+
+
+def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
+    """Ctrl-C (or a scheduler's SIGTERM) ends the run like max_steps: the last step is kept."""
+    import signal
+
+    from elmokit.train import run_training
+
+    vocab = Vocabulary.from_file(corpus[1])
+    batches = [b for _, b in zip(range(6), BidirectionalLMBatches(corpus[0], vocab, 4, 5, seed=0))]
+
+    class InterruptedBatches(FixedBatches):
+        def __iter__(self):
+            for k, batch in enumerate(super().__iter__()):
+                if k == 3:  # the signal arrives while the 4th batch is being prepared
+                    os.kill(os.getpid(), signal.SIGINT)
+                yield batch
+
+    config = make_config(tmp_path, corpus)
+    (tmp_path / "run").mkdir()
+    trainer = Trainer(config, InterruptedBatches(batches, 0, 4), len(vocab), setup_distributed("cpu"))
+    run = run_training(trainer, max_steps=None, max_time=None, progress=False)
+    assert run.step == 4
+    assert latest_checkpoint(tmp_path / "run").name.endswith("4")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored

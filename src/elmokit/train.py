@@ -16,6 +16,8 @@ import math
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -131,6 +133,42 @@ class Distributed:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is true on any of them."""
+        if not self.active:
+            return flag
+        value = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+
+class StopRequest:
+    """Turns SIGINT/SIGTERM into a request to stop after the current step (a second signal
+    interrupts at once), so an interrupted run ends with a checkpoint like a finished one."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
+              "(send it again to stop at once)", flush=True)
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def setup_distributed(device: str) -> Distributed:
@@ -389,9 +427,8 @@ def run_training(
 ) -> RunState:
     """Train until ``max_steps`` (total, counting resumed steps) or ``max_time`` seconds of this
     session, checkpointing every ``checkpoint_minutes`` and at the end."""
-    config, env = trainer.config, trainer.env
+    env = trainer.env
     metrics = _MetricsLog(trainer.save_dir / "metrics.csv") if env.is_main else None
-    start = last_checkpoint = time.monotonic()
     bar = tqdm(
         total=max_steps,
         initial=trainer.run.step,
@@ -399,34 +436,49 @@ def run_training(
         disable=not (progress and env.is_main),
         dynamic_ncols=True,
     )
-    window_tokens, window_start = 0, time.monotonic()
-    base_seconds = trainer.run.seconds
-    try:
-        batches = iter(trainer.data)
-        while max_steps is None or trainer.run.step < max_steps:
-            batch = next(batches, None)
-            if batch is None:
-                break
-            fwd, bwd = trainer.step(batch)
-            window_tokens += batch["token_ids"].size * env.world_size
-            trainer.run.seconds = base_seconds + time.monotonic() - start
-            if trainer.run.step % config.log_every == 0 or trainer.run.step == 1:
-                rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
-                window_tokens, window_start = 0, time.monotonic()
-                _report(bar, metrics, trainer.run, fwd, bwd, rate)
-            bar.update(1)
-            out_of_time = max_time is not None and time.monotonic() - start >= max_time
-            if out_of_time:
-                break
-            if time.monotonic() - last_checkpoint >= config.checkpoint_minutes * 60:
-                trainer.save_checkpoint()
-                trainer.evaluate_heldout()
-                last_checkpoint = time.monotonic()
-    finally:
-        bar.close()
+    with StopRequest() as stop:
+        try:
+            _loop(trainer, metrics, bar, max_steps, max_time, stop)
+        finally:
+            bar.close()
     trainer.save_checkpoint()
     trainer.evaluate_heldout()
     return trainer.run
+
+
+def _loop(
+    trainer: Trainer,
+    metrics: _MetricsLog | None,
+    bar: tqdm,
+    max_steps: int | None,
+    max_time: float | None,
+    stop: StopRequest,
+) -> None:
+    """Steps until the data, ``max_steps`` or ``max_time`` ends or a stop is requested."""
+    config, env = trainer.config, trainer.env
+    start = last_checkpoint = time.monotonic()
+    window_tokens, window_start = 0, time.monotonic()
+    base_seconds = trainer.run.seconds
+    batches = iter(trainer.data)
+    while max_steps is None or trainer.run.step < max_steps:
+        batch = next(batches, None)
+        if batch is None:
+            break
+        fwd, bwd = trainer.step(batch)
+        window_tokens += batch["token_ids"].size * env.world_size
+        trainer.run.seconds = base_seconds + time.monotonic() - start
+        if trainer.run.step % config.log_every == 0 or trainer.run.step == 1:
+            rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
+            window_tokens, window_start = 0, time.monotonic()
+            _report(bar, metrics, trainer.run, fwd, bwd, rate)
+        bar.update(1)
+        out_of_time = max_time is not None and time.monotonic() - start >= max_time
+        if env.any(out_of_time or stop.requested):  # every process stops at the same step
+            break
+        if env.any(time.monotonic() - last_checkpoint >= config.checkpoint_minutes * 60):
+            trainer.save_checkpoint()
+            trainer.evaluate_heldout()
+            last_checkpoint = time.monotonic()
 
 
 def _report(bar, metrics, run: RunState, fwd: float, bwd: float, rate: float) -> None:

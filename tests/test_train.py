@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -176,6 +177,10 @@ def test_evaluation_windows_equal_unroll_one_and_export_round_trip(tmp_path, cor
     bilm = BiLM.load(out / "options.json", out / "weights.hdf5")
     for (name, x), (_, y) in zip(bilm.state_dict().items(), model.bilm.state_dict().items()):
         assert torch.equal(x, y), name
+    history = json.loads((out / "training.json").read_text())
+    assert history["steps"] == 3 and history["tokens"] == 3 * 4 * 5
+    assert history["epochs"] == round(60 / history["config"]["n_train_tokens"], 3)
+    assert history["config"]["options"] == json.loads((tmp_path / "run" / "train_config.json").read_text())["options"]
 
 
 def test_init_from_copies_shared_softmax_rows(tmp_path, corpus):

@@ -600,7 +600,31 @@ def export_model(model_dir: str | Path, out_dir: str | Path, extra_options: dict
     _atomic_write_text(json.dumps(options, indent=2) + "\n", out / "options.json")
     vocab.save(out / "vocab.txt")
     save_softmax(model.softmax, out / SOFTMAX_FILE)
+    history = training_summary(Path(model_dir))
+    if history is not None:
+        _atomic_write_text(json.dumps(history, indent=2) + "\n", out / TRAINING_FILE)
     return out
+
+
+TRAINING_FILE = "training.json"
+
+
+def training_summary(save_dir: Path) -> dict[str, Any] | None:
+    """Steps, tokens, epochs and training time of a save dir's latest checkpoint, with the
+    run's configuration (None for a folder without a checkpoint)."""
+    checkpoint = latest_checkpoint(save_dir)
+    if checkpoint is None:
+        return None
+    run = load_checkpoint_file(checkpoint / "model.pt")["run"]
+    config = json.loads((save_dir / "train_config.json").read_text(encoding="utf-8"))
+    n_train = config.get("n_train_tokens")
+    return {
+        "steps": int(run["step"]),
+        "tokens": int(run["tokens"]),
+        "epochs": round(run["tokens"] / n_train, 3) if n_train else None,
+        "training_hours": round(run["seconds"] / 3600, 2),
+        "config": config,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

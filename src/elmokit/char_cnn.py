@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .highway import Highway
@@ -80,9 +83,85 @@ class CharCNN(nn.Module):
 
     def _convolve(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation."""
+        weight = self.embedding.weight
+        if (
+            torch.is_grad_enabled()
+            and any(p.requires_grad for p in self.parameters())
+            and weight.dtype in (torch.float32, torch.float64)
+            and not torch.is_autocast_enabled(weight.device.type)
+        ):
+            params = [t for conv in self.convolutions for t in (conv.weight, conv.bias)]
+            return self.activation(
+                _PooledConvolutions.apply(char_ids, weight, self.embedding.padding_idx, *params)
+            )
         x = self.embedding(char_ids).transpose(1, 2)  # (n, char_dim, width)
         pooled = [conv(x).amax(dim=-1) for conv in self.convolutions]
         return self.activation(torch.cat(pooled, dim=-1))
+
+
+class _PooledConvolutions(torch.autograd.Function):
+    """Character embedding, convolutions and max over positions as one autograd node (training).
+
+    ids (n, width), embedding (n_characters, char_dim), then each convolution's weight
+    (n_filters, char_dim, filter_width) and bias -> (n, total filters) before the activation.
+
+    The forward values are those of ``CharCNN._convolve``. The backward pass uses that only
+    the window at each filter's maximum gets a gradient, and that a window is made of embedding
+    rows: per filter and offset k in the window, the output gradients are summed by the
+    character at that offset (a histogram ``(n_filters, n_characters)``), from which the
+    gradients of the filters and of the embedding are two small matmuls. This replaces the
+    convolution backward pass over every position. Windows tied for the maximum (identical
+    padding windows) have the same content, so the gradient does not depend on which is taken.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, ids: torch.Tensor, embedding: torch.Tensor, padding_idx: int | None, *params):  # type: ignore[override]
+        x = F.embedding(ids, embedding, padding_idx).transpose(1, 2)  # (n, char_dim, width)
+        weights, biases = params[0::2], params[1::2]
+        pooled, positions = [], []
+        for weight, bias in zip(weights, biases):
+            values, index = F.conv1d(x, weight, bias).max(dim=-1)
+            pooled.append(values)
+            positions.append(index)
+        ctx.padding_idx = padding_idx
+        ctx.save_for_backward(ids, embedding, *weights, *positions)
+        return torch.cat(pooled, dim=-1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        ids, embedding, *rest = ctx.saved_tensors
+        weights, positions = rest[: len(rest) // 2], rest[len(rest) // 2 :]
+        n, width = ids.shape
+        n_chars = embedding.shape[0]
+        # int32 indices where they fit: index_select and index_add_ run several times faster
+        largest = max(n * width, max(w.shape[0] for w in weights) * n_chars)
+        itype = torch.int32 if largest < 2**31 else torch.int64
+        flat_ids = ids.reshape(-1).to(itype)
+        row_starts = (torch.arange(n, device=ids.device, dtype=itype) * width).unsqueeze(1)
+        d_embedding = torch.zeros_like(embedding)
+        d_params: list[torch.Tensor] = []
+        start = 0
+        for weight, index in zip(weights, positions):
+            n_filters, _, filter_width = weight.shape
+            g = grad[:, start : start + n_filters]
+            start += n_filters
+            g_flat = g.reshape(-1)
+            window = (index.to(itype) + row_starts).reshape(-1)  # flat start of each max window
+            offsets = torch.arange(n_filters, device=ids.device, dtype=itype).mul_(n_chars).repeat(n)
+            histogram = grad.new_zeros(filter_width, n_filters * n_chars)
+            for k in range(filter_width):
+                keys = flat_ids.index_select(0, window + k).add_(offsets)
+                histogram[k].index_add_(0, keys, g_flat)
+            histogram = histogram.view(filter_width, n_filters, n_chars)
+            # d_weight[f, c, k] = sum_a histogram[k, f, a] * embedding[a, c]
+            d_weight = torch.matmul(histogram, embedding).permute(1, 2, 0)
+            # d_embedding[a, c] += sum_k sum_f histogram[k, f, a] * weight[f, c, k]
+            d_embedding += torch.bmm(histogram.transpose(1, 2), weight.permute(2, 0, 1)).sum(dim=0)
+            d_params += [d_weight.contiguous(), g.sum(dim=0)]
+        if ctx.padding_idx is not None:
+            d_embedding[ctx.padding_idx] = 0.0
+        return (None, d_embedding, None, *d_params)
 
 
 class TokenEncoder(nn.Module):

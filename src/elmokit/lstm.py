@@ -17,7 +17,7 @@ output at step t, so the recurrence reads the previous step's block of the outpu
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -106,6 +106,170 @@ def needs_autograd(module: nn.Module, *tensors: torch.Tensor) -> bool:
     )
 
 
+def _use_fused_recurrence(inputs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, packing: Packing) -> bool:
+    """Whether the training recurrence can run as one autograd node (``_LayerRecurrence``):
+    full-precision tensors of one dtype, no autocast, at least one real position."""
+    return (
+        packing.size > 0
+        and inputs.dtype in (torch.float32, torch.float64)
+        and h0.dtype == c0.dtype == inputs.dtype
+        and not torch.is_autocast_enabled(inputs.device.type)
+    )
+
+
+class _LayerRecurrence(torch.autograd.Function):
+    """One BiLstmLayer over packed inputs as a single autograd node, for training.
+
+    The forward pass is the arithmetic of ``BiLstmLayer._step`` written into preallocated
+    buffers (it keeps the activated gates, the cells, tanh of the cells and the clip masks);
+    the backward pass runs the recurrence backwards by hand and computes the weight gradients
+    once for all timesteps (one matmul over all packed rows instead of one per step), so the
+    per-step work is two small matmuls and a few elementwise ops, with no autograd bookkeeping.
+    Values and gradients equal those of ``BiLstmLayer._recur_autograd`` (still used under
+    autocast and for reduced precision) up to float rounding; the weight gradients' sums run
+    in another order.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        inputs: torch.Tensor,
+        h0: torch.Tensor,
+        c0: torch.Tensor,
+        w_input: torch.Tensor,
+        bias: torch.Tensor,
+        w_hidden: torch.Tensor,
+        w_proj: torch.Tensor | None,
+        packing: Packing,
+        cell_clip: float | None,
+        proj_clip: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sizes, offsets = packing.batch_sizes, packing.offsets
+        steps = sum(1 for n in sizes if n > 0)  # sizes do not increase
+        dim = w_hidden.shape[-1] // 4
+        out_dim = h0.shape[-1]
+        # input side of every step at once; the buffer then holds the activated gates
+        acts = torch.baddbmm(bias.unsqueeze(1), inputs, w_input)
+        cells = inputs.new_empty(2, packing.size, dim)
+        tanh_cells = torch.empty_like(cells)
+        hidden = torch.empty_like(cells) if w_proj is not None else None  # o * tanh(c)
+        out = inputs.new_empty(2, packing.size, out_dim)
+        cell_mask = None if cell_clip is None else torch.empty_like(cells, dtype=torch.bool)
+        out_mask = None if proj_clip is None else torch.empty_like(out, dtype=torch.bool)
+        h_prev, c_prev = h0, c0
+        for t in range(steps):
+            n, a, b = sizes[t], offsets[t], offsets[t + 1]
+            gates = acts[:, a:b]
+            gates.baddbmm_(h_prev[:, :n], w_hidden)
+            i, j, f, o = gates.chunk(4, dim=-1)
+            f.add_(FORGET_BIAS)
+            gates[..., 2 * dim :].sigmoid_()  # f and o
+            i.sigmoid_()
+            j.tanh_()
+            c = cells[:, a:b]
+            torch.mul(f, c_prev[:, :n], out=c).add_(i * j)
+            if cell_clip is not None:
+                torch.le(c.abs(), cell_clip, out=cell_mask[:, a:b])
+                c.clamp_(-cell_clip, cell_clip)
+            tc = torch.tanh(c, out=tanh_cells[:, a:b])
+            h = out[:, a:b]
+            if w_proj is not None:
+                torch.bmm(torch.mul(o, tc, out=hidden[:, a:b]), w_proj, out=h)
+            else:
+                torch.mul(o, tc, out=h)
+            if proj_clip is not None:
+                torch.le(h.abs(), proj_clip, out=out_mask[:, a:b])
+                h.clamp_(-proj_clip, proj_clip)
+            h_prev, c_prev = h, c
+        ran = (packing.last >= 0).nonzero(as_tuple=True)[0]
+        last = packing.last[ran].to(out.device)
+        ran = ran.to(out.device)
+        final_h, final_c = h0.clone(), c0.clone()
+        final_h[:, ran] = out[:, last]
+        final_c[:, ran] = cells[:, last]
+        ctx.packing, ctx.steps = packing, steps
+        ctx.save_for_backward(
+            inputs, h0, c0, w_input, w_hidden, w_proj, acts, cells, tanh_cells, hidden, out,
+            cell_mask, out_mask,
+        )
+        return out, final_h, final_c
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, d_out: torch.Tensor, d_final_h: torch.Tensor, d_final_c: torch.Tensor):  # type: ignore[override]
+        (
+            inputs, h0, c0, w_input, w_hidden, w_proj, acts, cells, tanh_cells, hidden, out,
+            cell_mask, out_mask,
+        ) = ctx.saved_tensors
+        packing, steps = ctx.packing, ctx.steps
+        sizes, offsets = packing.batch_sizes, packing.offsets
+        d_acts = torch.empty_like(acts)  # gradient of the gates before activation
+        d_out_clipped = torch.empty_like(out) if w_proj is not None else None
+        w_hidden_t = w_hidden.transpose(1, 2)
+        w_proj_t = w_proj.transpose(1, 2) if w_proj is not None else None
+        dh_next = dc_next = None  # gradients flowing into step t from step t + 1
+        for t in range(steps - 1, -1, -1):
+            n, a, b = sizes[t], offsets[t], offsets[t + 1]
+            n_next = sizes[t + 1] if t + 1 < steps else 0
+            dh = d_out[:, a:b].clone()
+            dh[:, n_next:] += d_final_h[:, n_next:n]  # rows whose last step is t
+            if dh_next is not None:
+                dh[:, :n_next] += dh_next
+            if out_mask is not None:
+                dh.mul_(out_mask[:, a:b])
+            i, j, f, o = acts[:, a:b].chunk(4, dim=-1)
+            tc = tanh_cells[:, a:b]
+            if w_proj is not None:
+                d_out_clipped[:, a:b] = dh
+                dm = torch.bmm(dh, w_proj_t)
+            else:
+                dm = dh
+            # m = o * tanh(c)
+            dc = dm * o
+            dc.mul_(1.0 - tc * tc)
+            dc[:, n_next:] += d_final_c[:, n_next:n]
+            if dc_next is not None:
+                dc[:, :n_next] += dc_next
+            if cell_mask is not None:
+                dc.mul_(cell_mask[:, a:b])
+            c_prev = cells[:, offsets[t - 1] : offsets[t - 1] + n] if t > 0 else c0[:, :n]
+            gi, gj, gf, go = d_acts[:, a:b].chunk(4, dim=-1)
+            # c = f * c_prev + i * j; the gates' derivatives through sigmoid and tanh
+            torch.mul(dc, j, out=gi).mul_(i * (1.0 - i))
+            torch.mul(dc, i, out=gj).mul_(1.0 - j * j)
+            torch.mul(dc, c_prev, out=gf).mul_(f * (1.0 - f))
+            torch.mul(dm, tc, out=go).mul_(o * (1.0 - o))
+            dc_next = dc.mul_(f)
+            dh_next = torch.bmm(d_acts[:, a:b], w_hidden_t)
+        # the first step's recurrence reads h0, c0 (rows 0 .. sizes[0] - 1); rows of length 0
+        # pass their initial state through
+        n0 = sizes[0]
+        d_h0 = d_final_h.clone()
+        d_c0 = d_final_c.clone()
+        d_h0[:, :n0] = dh_next
+        d_c0[:, :n0] = dc_next
+        needs = ctx.needs_input_grad
+        d_inputs = d_w_input = d_bias = d_w_hidden = d_w_proj = None
+        if needs[0]:
+            d_inputs = torch.bmm(d_acts, w_input.transpose(1, 2))
+        if needs[3]:
+            d_w_input = torch.bmm(inputs.transpose(1, 2), d_acts)
+        if needs[4]:
+            d_bias = d_acts.sum(dim=1)
+        if needs[5]:
+            # the h each step's recurrence read: h0 for step 0, else the previous step's outputs
+            previous = [h0[:, :n0]] + [
+                out[:, offsets[t - 1] : offsets[t - 1] + sizes[t]] for t in range(1, steps)
+            ]
+            d_w_hidden = torch.bmm(torch.cat(previous, dim=1).transpose(1, 2), d_acts)
+        if w_proj is not None and needs[6]:
+            d_w_proj = torch.bmm(hidden.transpose(1, 2), d_out_clipped)
+        return (
+            d_inputs, d_h0 if needs[1] else None, d_c0 if needs[2] else None, d_w_input, d_bias,
+            d_w_hidden, d_w_proj, None, None, None,
+        )
+
+
 class BiLstmLayer(nn.Module):
     """One LSTM layer for both directions, with its own weights per direction.
 
@@ -155,6 +319,11 @@ class BiLstmLayer(nn.Module):
         ``out`` if given.
         """
         if needs_autograd(self, inputs, h0, c0):
+            if _use_fused_recurrence(inputs, h0, c0, packing):
+                return _LayerRecurrence.apply(
+                    inputs, h0, c0, self.weight_input, self.bias, self.weight_hidden,
+                    self.weight_projection, packing, self.cell_clip, self.proj_clip,
+                )
             return self._recur_autograd(inputs, packing, h0, c0)
         return self._recur_inplace(inputs, packing, h0, c0, out)
 
@@ -192,8 +361,9 @@ class BiLstmLayer(nn.Module):
     def _recur_autograd(
         self, inputs: torch.Tensor, packing: Packing, h0: torch.Tensor, c0: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Out-of-place steps (for back-propagation): each step's h and c are new tensors, the
-        next step reads their first rows; no full-size copy per step."""
+        """Out-of-place steps (for back-propagation under autocast or in reduced precision;
+        otherwise ``_LayerRecurrence`` runs): each step's h and c are new tensors, the next
+        step reads their first rows; no full-size copy per step."""
         sizes = packing.batch_sizes
         h, c = h0, c0
         outputs, ended_h, ended_c = [], [], []

@@ -11,6 +11,7 @@ Ids must be sorted by descending frequency for the log-uniform proposal to make 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -193,6 +194,66 @@ def _check_hidden(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Ten
         raise ValueError(f"hidden has {hidden.shape[0]} rows but targets has {targets.shape[0]} entries")
 
 
+def _accidental_hits(targets: torch.Tensor, sampled_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) where ``sampled_ids[column] == targets[row]``; sampled ids are distinct,
+    so each row has at most one hit. The same entries as ``targets[:, None] == sampled_ids``,
+    found by a binary search instead of an (N, S) comparison."""
+    if sampled_ids.numel() == 0:
+        empty = targets.new_zeros(0)
+        return empty, empty
+    ordered, order = torch.sort(sampled_ids)
+    position = torch.searchsorted(ordered, targets).clamp_(max=len(ordered) - 1)
+    rows = (ordered[position] == targets).nonzero(as_tuple=True)[0]
+    return rows, order[position[rows]]
+
+
+class _SampledLogPartition(torch.autograd.Function):
+    """log(exp(true_logit) + sum_s exp(h.w_s + bias_s)) per row, accidental hits left out.
+
+    hidden (N, D), sampled_w (S, D), sampled_bias (S,), true_logits (N,), hits as (rows,
+    columns) -> (N,). The value is the log partition function of the cross entropy over
+    [true, sampled] logits, computed in one (N, S) buffer that holds the logits, then their
+    exponentials (shifted by the row maximum), which the backward pass reads.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        sampled_w: torch.Tensor,
+        sampled_bias: torch.Tensor,
+        true_logits: torch.Tensor,
+        hit_rows: torch.Tensor,
+        hit_columns: torch.Tensor,
+    ) -> torch.Tensor:
+        logits = torch.addmm(sampled_bias.unsqueeze(0), hidden, sampled_w.t())
+        # TensorFlow adds -FLT_MAX to accidental hits; their exponential is 0 either way
+        logits[hit_rows, hit_columns] = torch.finfo(logits.dtype).min
+        top = torch.maximum(logits.amax(dim=1), true_logits)
+        exp = logits.sub_(top.unsqueeze(1)).exp_()
+        exp_true = torch.exp(true_logits - top)
+        total = exp.sum(dim=1).add_(exp_true)
+        ctx.save_for_backward(hidden, sampled_w, exp, exp_true, total)
+        return top + torch.log(total)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        hidden, sampled_w, exp, exp_true, total = ctx.saved_tensors
+        # d/d logits = exp * scale (row-wise; 0 at the hits): the scale is applied to the
+        # smaller factors so that the (N, S) buffer is only read
+        scale = grad / total
+        needs = ctx.needs_input_grad
+        return (
+            (exp @ sampled_w).mul_(scale.unsqueeze(1)) if needs[0] else None,
+            exp.t() @ (hidden * scale.unsqueeze(1)) if needs[1] else None,
+            exp.t() @ scale if needs[2] else None,
+            exp_true * scale if needs[3] else None,
+            None,
+            None,
+        )
+
+
 def sampled_softmax_loss(
     hidden: torch.Tensor,
     targets: torch.Tensor,
@@ -214,25 +275,70 @@ def sampled_softmax_loss(
     is the cross entropy with the true class at index 0. ``sparse_grad`` makes the gradient of
     ``weight`` a sparse tensor (only the gathered rows).
     """
-    _check_targets(targets, weight.shape[0])
-    _check_hidden(hidden, targets, weight)
-    if sampled_ids.dim() != 1:
-        raise ValueError(f"sampled_ids must have shape (S,), got {tuple(sampled_ids.shape)}")
-    num_rows, num_sampled = targets.shape[0], sampled_ids.shape[0]
-    device = hidden.device
-    sampled_ids = sampled_ids.to(device=device, dtype=torch.int64)
-    targets = targets.to(torch.int64)
-    true_expected_counts = true_expected_counts.to(device).reshape(num_rows)
-    sampled_expected_counts = sampled_expected_counts.to(device).reshape(num_sampled)
+    return _sampled_softmax_losses(
+        [(hidden, targets, sampled_ids, true_expected_counts, sampled_expected_counts)],
+        weight,
+        bias,
+        sparse_grad,
+    )[0]
 
-    # one gather for the true and sampled rows, as TensorFlow does
-    all_ids = torch.cat([targets, sampled_ids])
+
+def _sampled_softmax_losses(
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    sparse_grad: bool,
+) -> list[torch.Tensor]:
+    """``sampled_softmax_loss`` for several (hidden, targets, sampled_ids, true_expected_counts,
+    sampled_expected_counts) groups sharing ``weight`` and ``bias``, each with its own samples.
+    The rows of all groups are gathered at once, so the gradient of ``weight`` is built once."""
+    prepared, ids = [], []
+    for hidden, targets, sampled_ids, true_expected_counts, sampled_expected_counts in groups:
+        _check_targets(targets, weight.shape[0])
+        _check_hidden(hidden, targets, weight)
+        if sampled_ids.dim() != 1:
+            raise ValueError(f"sampled_ids must have shape (S,), got {tuple(sampled_ids.shape)}")
+        num_rows, num_sampled = targets.shape[0], sampled_ids.shape[0]
+        device = hidden.device
+        sampled_ids = sampled_ids.to(device=device, dtype=torch.int64)
+        targets = targets.to(torch.int64)
+        true_expected_counts = true_expected_counts.to(device).reshape(num_rows)
+        sampled_expected_counts = sampled_expected_counts.to(device).reshape(num_sampled)
+        prepared.append((hidden, targets, sampled_ids, true_expected_counts, sampled_expected_counts))
+        ids += [targets, sampled_ids]
+
+    # one gather for the true and sampled rows, as TensorFlow does (here for all groups)
+    all_ids = torch.cat(ids)
     all_w = F.embedding(all_ids, weight, sparse=sparse_grad)
     all_b = bias[all_ids]
-    true_w, sampled_w = all_w[:num_rows], all_w[num_rows:]
-    true_b, sampled_b = all_b[:num_rows], all_b[num_rows:]
+    sizes = [len(i) for i in ids]
+    rows_w, rows_b = all_w.split(sizes), all_b.split(sizes)
+    return [
+        _sampled_loss_from_rows(*group, rows_w[2 * k], rows_w[2 * k + 1], rows_b[2 * k], rows_b[2 * k + 1])
+        for k, group in enumerate(prepared)
+    ]
 
+
+def _sampled_loss_from_rows(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    sampled_ids: torch.Tensor,
+    true_expected_counts: torch.Tensor,
+    sampled_expected_counts: torch.Tensor,
+    true_w: torch.Tensor,
+    sampled_w: torch.Tensor,
+    true_b: torch.Tensor,
+    sampled_b: torch.Tensor,
+) -> torch.Tensor:
+    """The per-row losses of one group from its gathered softmax rows."""
+    num_rows, device = targets.shape[0], hidden.device
     true_logits = (hidden * true_w).sum(dim=1) + true_b - torch.log(true_expected_counts)
+    if not torch.is_autocast_enabled(device.type) and hidden.dtype == sampled_w.dtype:
+        # the same loss without the (N, S) temporaries of the generic path below
+        rows, columns = _accidental_hits(targets, sampled_ids)
+        sampled_bias = sampled_b - torch.log(sampled_expected_counts)
+        log_z = _SampledLogPartition.apply(hidden, sampled_w, sampled_bias, true_logits, rows, columns)
+        return log_z - true_logits
     sampled_logits = hidden @ sampled_w.t() + sampled_b - torch.log(sampled_expected_counts)
     # TensorFlow adds -FLT_MAX to accidental hits; masking to the dtype's lowest value is the same
     hits = targets.unsqueeze(1) == sampled_ids.unsqueeze(0)
@@ -332,6 +438,29 @@ class Softmax(nn.Module):
             sampled_expected,
             sparse_grad=self.sparse_grad,
         )
+
+    def sampled_losses(
+        self,
+        hiddens: list[torch.Tensor],
+        targets: list[torch.Tensor],
+        num_sampled: int,
+        generator: torch.Generator | None = None,
+    ) -> list[torch.Tensor]:
+        """:meth:`sampled_loss` for several groups of rows (e.g. the two directions), each with
+        its own sample, drawn in order: the same losses as one call per group, with the
+        softmax rows of all groups gathered at once (one gradient of the weight, not one per
+        group)."""
+        num_sampled = int(num_sampled)
+        if num_sampled < 1:
+            raise ValueError(f"num_sampled must be >= 1, got {num_sampled}")
+        if self.vocab_size <= num_sampled:
+            return [self.full_loss(h, t) for h, t in zip(hiddens, targets)]
+        groups = []
+        for hidden, target in zip(hiddens, targets):
+            sampled_ids, sampled_expected, num_tries = self.sampler.sample(num_sampled, generator)
+            true_expected = self.sampler.expected_count(target, num_tries, num_sampled)
+            groups.append((hidden, target, sampled_ids, true_expected, sampled_expected))
+        return _sampled_softmax_losses(groups, self.weight, self.bias, self.sparse_grad)
 
     def forward(
         self,

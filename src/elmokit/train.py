@@ -101,15 +101,13 @@ class LanguageModel(nn.Module):
         lengths = torch.full((tokens.shape[1],), tokens.shape[2], dtype=torch.long)
         outputs, state = self.bilm.lstm(tokens, lengths, state)
         top = F.dropout(outputs[-1], self.dropout, self.training)
-        losses = []
-        for d in range(2):
-            hidden, target = top[d].reshape(-1, top.shape[-1]), targets[d].reshape(-1)
-            if num_sampled is None:
-                loss = self.softmax.full_loss(hidden, target)
-            else:
-                loss = self.softmax.sampled_loss(hidden, target, num_sampled, generator)
-            losses.append(loss.mean())
-        return torch.stack(losses), state.detach()
+        hiddens = [top[d].reshape(-1, top.shape[-1]) for d in range(2)]
+        flat_targets = [targets[d].reshape(-1) for d in range(2)]
+        if num_sampled is None:
+            losses = [self.softmax.full_loss(h, t) for h, t in zip(hiddens, flat_targets)]
+        else:  # each direction its own sample, as bilm-tf
+            losses = self.softmax.sampled_losses(hiddens, flat_targets, num_sampled, generator)
+        return torch.stack([loss.mean() for loss in losses]), state.detach()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,8 +263,13 @@ class Trainer:
             self.module = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[env.device.index] if env.device.type == "cuda" else None
             )
+        # the fused kernel (CPU only) makes one pass over each parameter instead of several
         self.optimizer = torch.optim.Adagrad(
-            self.model.parameters(), lr=config.lr, initial_accumulator_value=1.0, eps=1e-10
+            self.model.parameters(),
+            lr=config.lr,
+            initial_accumulator_value=1.0,
+            eps=1e-10,
+            fused=True if env.device.type == "cpu" else None,
         )
         self.generator = torch.Generator().manual_seed(config.seed * 1000 + env.rank)
         self.lstm_state: LstmState | None = None
@@ -404,7 +407,10 @@ class Trainer:
                 f"(now {self.env.world_size})"
             )
         self.model.load_state_dict(shared["model"])
+        fused = [group["fused"] for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(shared["optimizer"])
+        for group, flag in zip(self.optimizer.param_groups, fused):  # this device's choice
+            group["fused"] = flag
         self.run = RunState(**shared["run"])
         mine = load_checkpoint_file(folder / f"rank{self.env.rank}.pt")
         self.data.load_state_dict(mine["data"])

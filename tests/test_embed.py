@@ -180,12 +180,12 @@ def test_cli_embed_tokenize_and_tokens(tmp_path, capsys):
     assert main(["embed", source, str(tmp_path / "o.hdf5"), "--tokenize", "--quiet"]) == 0
     with h5py.File(tmp_path / "o.hdf5") as f:
         index = json.loads(f["sentence_to_index"][0])
-        assert f["0"].shape == (3, 10, 32)  # He said , " it won 't rain . "
+        assert f["0"].shape == (3, 10, 256)  # He said , " it won 't rain . " (default model)
     assert list(index) == ["He said, “it won’t rain.”"]
     assert main(["embed", source, str(tmp_path / "o.hdf5"), "--quiet"]) == 2
     assert "exists" in capsys.readouterr().err
     vocab = write_lines(tmp_path / "vocab.txt", ["<S>", "bank", "river"])
-    assert main(["tokens", vocab, str(tmp_path / "t.hdf5")]) == 0
+    assert main(["tokens", vocab, str(tmp_path / "t.hdf5"), "--model", "elmo-tiny-reference"]) == 0
     bilm = BiLM.load(*(TINY / "options.json", TINY / "lm_weights.hdf5"))
     with h5py.File(tmp_path / "t.hdf5") as f, torch.no_grad():
         np.testing.assert_allclose(

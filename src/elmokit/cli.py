@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .bilm import BiLM
-from .pretrained import TINY_REFERENCE, model_files
+from .pretrained import DEFAULT_MODEL, TINY_REFERENCE, model_files
 
 DEMO_WORD = "bank"
 DEMO_QUERIES = [
@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="embed example sentences and show what the layers do")
-    p.add_argument("--model", default=TINY_REFERENCE, help="shipped model name or model folder")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder")
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
     p.add_argument("-k", type=int, default=3, help="neighbours shown per layer")

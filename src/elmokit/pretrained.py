@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 MODELS_DIR = Path(__file__).parent / "models"
-TINY_REFERENCE = "elmo-tiny-reference"
-DEFAULT_MODEL = TINY_REFERENCE  # used when no model is given
+TINY_REFERENCE = "elmo-tiny-reference"  # the original's test model: checks only
+NEWS_MODEL = "elmo-news-512"  # trained by elmokit on English news, see its README.md
+DEFAULT_MODEL = NEWS_MODEL  # used when no model is given
 
 
 def available_models() -> list[str]:

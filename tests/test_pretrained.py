@@ -1,0 +1,66 @@
+"""The shipped models: files, size, start state, the default, and what the news model's vectors do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from elmokit import BiLM, Embedder
+from elmokit.pretrained import DEFAULT_MODEL, MODELS_DIR, available_models, model_files
+from elmokit.senses import nearest_contexts, read_contexts
+
+NEWS = "elmo-news-512"
+CONFIG = Path(__file__).parent.parent / "configs" / "news-512.json"
+
+
+def test_news_model_is_the_default_and_ships_its_files():
+    assert DEFAULT_MODEL == NEWS and set(available_models()) == {NEWS, "elmo-tiny-reference"}
+    folder = MODELS_DIR / NEWS
+    for name in ("options.json", "weights.hdf5", "vocab.txt", "training.json", "README.md"):
+        assert (folder / name).is_file(), name
+    assert sum(p.stat().st_size for p in folder.iterdir()) < 25 * 2**20
+    options = json.loads((folder / "options.json").read_text())
+    expected = json.loads(CONFIG.read_text())
+    assert options["lstm"] == expected["lstm"] and options["char_cnn"] == expected["char_cnn"]
+    vocab = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    assert vocab[:3] == ["<S>", "</S>", "<UNK>"] and options["n_tokens_vocab"] == len([v for v in vocab if v])
+
+
+def test_model_card_states_the_training_run():
+    folder = MODELS_DIR / NEWS
+    history = json.loads((folder / "training.json").read_text())
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert f"{history['steps']:,}" in card and f"{history['tokens']:,}" in card
+    assert history["config"]["state_reset"] == 0.01
+
+
+def test_news_model_has_a_start_state_that_warm_mode_uses():
+    options, weights = model_files(NEWS)
+    with h5py.File(weights, "r") as f:
+        assert f["start_state/h"].shape == (2, 2, 128) and f["start_state/c"].shape == (2, 2, 512)
+    bilm = BiLM.load(options, weights)
+    assert bilm.start_state is not None and float(bilm.start_state.c.abs().sum()) > 0
+    sentence = "The bank raised its rates .".split()
+    warm = Embedder(mode="warm").embed_sentence(sentence)
+    zero = Embedder(mode="zero").embed_sentence(sentence)
+    np.testing.assert_array_equal(warm[0], zero[0])  # layer 0 does not depend on the state
+    assert not np.allclose(warm[1:], zero[1:], atol=1e-3)
+
+
+def test_news_model_separates_the_senses_of_bank():
+    """In both LSTM layers the river query ranks the 3 river contexts higher than the money query
+    does, and the money query's nearest contexts are money contexts."""
+    money = "She went to the bank to withdraw money .".split()
+    river = "They had a picnic on the bank of the river .".split()
+    queries = [(money, "money"), (money, "river"), (river, "river")]  # (tokens, sense to rank)
+    as_money, money_river_ranks, river_river_ranks = nearest_contexts(
+        Embedder(), "bank", queries, read_contexts(), k=5
+    )
+    for layer in (1, 2):
+        assert np.mean(river_river_ranks[layer].same_sense_ranks) < np.mean(
+            money_river_ranks[layer].same_sense_ranks
+        )
+        assert as_money[layer].same_sense_at_k == 1.0

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     command = shlex.join([sys.executable, *sys.argv])
     print(f"command: {command}", flush=True)
-    from common import Pauser  # common imports this module: import it only here
+    from common import Pauser, write_report  # common imports this module: import it only here
 
     pauser = Pauser(args.pause_pid)
     with pauser:
@@ -271,21 +271,9 @@ def main(argv: list[str] | None = None) -> None:
         print("WARNING: other processes were using the CPUs; the figures are unreliable (low)")
     print(pauser.summary())
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "command": command,
-                    "paused_seconds": pauser.total,
-                    "torch": torch.__version__,
-                    "threads": args.threads,
-                    "matmul_gflops": rate,
-                    "matmul_others_cpu_busy": matmul_others,
-                    "flops_per_token": flops,
-                    "results": results,
-                },
-                indent=2,
-            )
-            + "\n"
+        write_report(
+            args.json, command, pauser, rate, matmul_others,
+            torch=torch.__version__, threads=args.threads, flops_per_token=flops, results=results,
         )
 
 

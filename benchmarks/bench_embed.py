@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import random
 import shlex
 import shutil
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_bilm import cpu_sample, matmul_gflops, others_busy
-from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet
+from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet, write_report
 
 import elmokit
 from elmokit.options import preset
@@ -277,24 +276,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {c}")
     print(pauser.summary())
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "command": command,
-                    "threads": args.threads,
-                    "batch_size": args.batch_size,
-                    "mode": args.mode,
-                    "layers": args.layers,
-                    "text": args.text,
-                    "embed_commands": commands,
-                    "paused_seconds": pauser.total,
-                    "matmul_gflops": rate,
-                    "matmul_others_cpu_busy": matmul_others,
-                    "results": results,
-                },
-                indent=2,
-            )
-            + "\n"
+        write_report(
+            args.json, command, pauser, rate, matmul_others,
+            threads=args.threads, batch_size=args.batch_size, mode=args.mode, layers=args.layers,
+            text=args.text, embed_commands=commands, results=results,
         )
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from bench_bilm import cpu_sample, matmul_gflops, others_busy, rss_mb
-from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet
+from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet, write_report
 
 # The target for the small preset on 2 CPU threads.
 TARGET = {"preset": "small", "batch_size": 32, "unroll_steps": 20, "negatives": 8192, "tokens_per_s": 1100}
@@ -345,21 +345,9 @@ def main(argv: list[str] | None = None) -> None:
             print(prof["table"])
     print(pauser.summary())
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "command": command,
-                    "torch": torch.__version__,
-                    "threads": args.threads,
-                    "paused_seconds": pauser.total,
-                    "matmul_gflops": rate,
-                    "matmul_others_cpu_busy": matmul_others,
-                    "notes": notes,
-                    "results": results,
-                },
-                indent=2,
-            )
-            + "\n"
+        write_report(
+            args.json, command, pauser, rate, matmul_others,
+            torch=torch.__version__, threads=args.threads, notes=notes, results=results,
         )
 
 

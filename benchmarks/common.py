@@ -5,6 +5,7 @@ The CPU-usage helpers come from bench_bilm.py (``cpu_sample``, ``others_busy``).
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -174,3 +175,17 @@ def wait_until_quiet(max_busy: float, timeout: float, exclude_pid: int | None = 
         busy = others_busy(before, after) - excluded / max(after[0] - before[0], 1)
         if busy <= max_busy or time.monotonic() > deadline:
             return max(busy, 0.0)
+
+
+def write_report(
+    path: str, command: str, pauser: Pauser, rate: float, matmul_others: float, **fields
+) -> None:
+    """The --json file of a benchmark: the command, pause and matmul-rate context, then ``fields``."""
+    report = {
+        "command": command,
+        "paused_seconds": pauser.total,
+        "matmul_gflops": rate,
+        "matmul_others_cpu_busy": matmul_others,
+        **fields,
+    }
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")

@@ -117,6 +117,16 @@ def _use_fused_recurrence(inputs: torch.Tensor, h0: torch.Tensor, c0: torch.Tens
     )
 
 
+def _final_states(initial: torch.Tensor, packed: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """Each sorted row's state after its last step, taken from the packed per-step states
+    (2, n_packed, d); rows of length 0 keep ``initial`` (2, batch, d)."""
+    final = initial.clone()
+    ran = (packing.last >= 0).nonzero(as_tuple=True)[0]
+    if len(ran):
+        final[:, ran.to(final.device)] = packed[:, packing.last[ran].to(packed.device)]
+    return final
+
+
 class _LayerRecurrence(torch.autograd.Function):
     """One BiLstmLayer over packed inputs as a single autograd node, for training.
 
@@ -181,12 +191,7 @@ class _LayerRecurrence(torch.autograd.Function):
                 torch.le(h.abs(), proj_clip, out=out_mask[:, a:b])
                 h.clamp_(-proj_clip, proj_clip)
             h_prev, c_prev = h, c
-        ran = (packing.last >= 0).nonzero(as_tuple=True)[0]
-        last = packing.last[ran].to(out.device)
-        ran = ran.to(out.device)
-        final_h, final_c = h0.clone(), c0.clone()
-        final_h[:, ran] = out[:, last]
-        final_c[:, ran] = cells[:, last]
+        final_h, final_c = _final_states(h0, out, packing), _final_states(c0, cells, packing)
         ctx.packing, ctx.steps = packing, steps
         ctx.save_for_backward(
             inputs, h0, c0, w_input, w_hidden, w_proj, acts, cells, tanh_cells, hidden, out,
@@ -445,12 +450,7 @@ class BiLstmLayer(nn.Module):
                 if self.proj_clip is not None:
                     h_t.clamp_(-self.proj_clip, self.proj_clip)
                 h_prev = h_t
-        ran = packing.last >= 0
-        h = h0.clone()
-        if bool(ran.any()):
-            rows = ran.nonzero(as_tuple=True)[0].to(h.device)
-            h[:, rows] = out[:, packing.last[ran].to(out.device)]
-        return out, h, c
+        return out, _final_states(h0, out, packing), c
 
 
 class BiLstm(nn.Module):

@@ -421,13 +421,8 @@ class Softmax(nn.Module):
         if num_sampled < 1:
             raise ValueError(f"num_sampled must be >= 1, got {num_sampled}")
         if sampled_values is None:
-            if self.vocab_size <= num_sampled:
-                return self.full_loss(hidden, targets)
-            # targets are validated inside sampled_softmax_loss
-            sampled_ids, sampled_expected, num_tries = self.sampler.sample(num_sampled, generator)
-            true_expected = self.sampler.expected_count(targets, num_tries, num_sampled)
-        else:
-            sampled_ids, true_expected, sampled_expected = sampled_values
+            return self.sampled_losses([hidden], [targets], num_sampled, generator)[0]
+        sampled_ids, true_expected, sampled_expected = sampled_values
         return sampled_softmax_loss(
             hidden,
             targets,

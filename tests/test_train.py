@@ -236,6 +236,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, config: dict, batches, ou
     )
     torch.set_num_threads(1)
     run(TrainConfig(**config), batches, rank, world_size, out)
+    torch.distributed.barrier()  # as train() does: no process leaves while another still talks
     torch.distributed.destroy_process_group()
 
 

@@ -191,3 +191,17 @@ def test_cli_embed_tokenize_and_tokens(tmp_path, capsys):
         np.testing.assert_allclose(
             f["embedding"][...], bilm.encode_tokens(["<S>", "bank", "river"]).numpy(), atol=1e-6
         )
+
+
+def test_bfloat16_vectors_track_float32_and_bad_dtype_is_refused(bilm, sentences):
+    fp32 = Embedder("elmo-news-512", batch_size=8, mode="warm")
+    bf16 = Embedder("elmo-news-512", batch_size=8, mode="warm", dtype="bf16")
+    assert next(bf16.bilm.parameters()).dtype == torch.bfloat16
+    exact, approx = list(fp32.embed_sentences(sentences)), list(bf16.embed_sentences(sentences))
+    a, b = (torch.from_numpy(np.concatenate(x, axis=1)) for x in (exact, approx))
+    assert b.dtype == torch.float32 and a.shape == b.shape
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=-1)  # (layers, tokens)
+    assert cosine.mean() > 0.999 and cosine.min() > 0.99
+    assert not torch.equal(a, b)  # it did run in another precision
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        Embedder(bilm, dtype="half")

@@ -27,6 +27,7 @@ from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
 from .pretrained import DEFAULT_MODEL, model_files
 
 MODES = ("warm", "zero", "stateful")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 LAYERS = ("all", "top", "average")
 
 
@@ -174,7 +175,10 @@ class Embedder:
 
     model: a BiLM, a model folder (options.json + weights.hdf5), a shipped model name, or None
     for the default shipped model. ``batch_size`` sentences per batch, optionally also capped at
-    ``max_tokens_per_batch`` tokens (padding included).
+    ``max_tokens_per_batch`` tokens (padding included). ``dtype`` "bfloat16" (or "bf16", or
+    ``torch.bfloat16``) runs the model in bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with
+    AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (README, "Speed");
+    float32 is the default. A BiLM passed in is moved to ``device`` and ``dtype`` in place.
     """
 
     def __init__(
@@ -185,9 +189,16 @@ class Embedder:
         mode: str = "warm",
         max_tokens_per_batch: int | None = None,
         token_cache_size: int = 100_000,
+        dtype: str | torch.dtype = torch.float32,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+            dtype = DTYPES[dtype]
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if isinstance(model, BiLM):
@@ -196,7 +207,7 @@ class Embedder:
             bilm = BiLM.load(*model_files(DEFAULT_MODEL if model is None else model))
         if device is None:
             device = "cuda" if torch.cuda.is_available() else _device(bilm)
-        self.bilm = bilm.to(device).eval()
+        self.bilm = bilm.to(device=device, dtype=dtype).eval()
         self.bilm.stateful = mode == "stateful"
         self.bilm.use_start_state = mode == "warm"
         self.mode, self.batch_size = mode, batch_size

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_bilm.py --sentences FILE [--shapes small,original]
         [--batch-sizes 1,16,64] [--n-sentences N] [--time-budget T] [--threads 2]
-        [--pause-pid PID] [--json OUT]
+        [--pause-pid PID] [--profile N] [--json OUT]
 
 Each shape is built with fresh random weights, written with ``BiLM.save`` to a temp dir and read
 back with ``BiLM.load``. Every (shape, batch size) runs in its own subprocess (this script with
@@ -19,6 +19,12 @@ can thus exceed the matmul rate at large batches. "% roofline" is the issue's me
 against the matmul rate divided by (LSTM FLOPs per token + encoder FLOPs per distinct token); the
 encoder FLOPs count all 50 character positions, while the model convolves only real windows, so
 it can exceed 100% too.
+
+The model keeps token encodings across calls (its token cache, ``--token-cache N``, 0 = off;
+on by default as in the library). The cache is emptied after the warm-up batch, so the timed
+run starts cold; "cached" is the share of each batch's distinct tokens found from earlier
+batches. The roofline does not know about the cache: compare "% roofline" with
+``--token-cache 0``.
 
 ``--pause-pid PID`` stops that process (e.g. a training job on the same cores) during the matmul
 measurement and each worker run, and resumes it right after (always, also on errors).
@@ -41,6 +47,7 @@ from typing import Any
 import torch
 
 import elmokit
+from elmokit.char_cnn import TokenEncoder
 from elmokit.options import BiLMOptions, preset
 
 SHAPES = ("small", "original")
@@ -125,6 +132,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     rss_import = rss_mb()
     model = elmokit.BiLM.load(spec["options_file"], spec["weight_file"])
+    model.token_encoder.cache_size = spec["token_cache"]
     rss_model = rss_mb()
     sentences = read_sentences(spec["sentences"], spec["n_sentences"])
     size = spec["batch_size"]
@@ -134,6 +142,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     elapsed = 0.0
     with torch.no_grad():
         model(char_ids[0])  # warm-up, not timed
+        model.token_encoder.clear_cache()  # the timed run starts with an empty token cache
         cpu_before = cpu_sample()
         for batch, ids in zip(batches, char_ids):
             start = time.perf_counter()
@@ -146,7 +155,16 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
                 break
     others = others_busy(cpu_before, cpu_sample())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    top = (
+        profile_ops(model, char_ids, spec["profile_sentences"], size)
+        if spec.get("profile_sentences")
+        else None
+    )
+    hits, misses = model.token_encoder.cache_stats
     return {
+        "profile": top,
+        "token_cache": spec["token_cache"],
+        "token_cache_hit_rate": hits / max(hits + misses, 1),
         "tokens": tokens,
         "sentences": sentences_done,
         "seconds": elapsed,
@@ -158,6 +176,20 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "rss_after_load_mb": rss_model,
         "peak_rss_mb": peak,
     }
+
+
+def profile_ops(model: elmokit.BiLM, char_ids: list[torch.Tensor], sentences: int, size: int) -> list:
+    """torch.profiler over the first ``sentences`` sentences (after the timed run): the 12 ops
+    with the largest self CPU time, as [op, share of all self CPU time, calls]."""
+    from torch.profiler import profile
+
+    with torch.no_grad(), profile() as prof:
+        for ids in char_ids[: max(sentences // size, 1)]:
+            model(ids)
+    averages = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in averages)
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    return [[e.key, e.self_cpu_time_total / total, e.count] for e in top]
 
 
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -182,6 +214,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--pause-pid", type=int, help="SIGSTOP this process during each run (SIGCONT after)")
     p.add_argument("--json", help="also write the results as JSON to this file")
+    p.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        help="after timing, profile N sentences (torch.profiler) and print each op's share",
+    )
+    p.add_argument(
+        "--token-cache",
+        type=int,
+        default=TokenEncoder.DEFAULT_CACHE_SIZE,
+        help="the token encoder's cache size (tokens kept across batches); 0 = off "
+        f"(default {TokenEncoder.DEFAULT_CACHE_SIZE:,}, the model's default)",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is None and not args.sentences:
@@ -233,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
                     "threads": args.threads,
                     "n_sentences": args.n_sentences or DEFAULT_N.get(shape, 64),
                     "time_budget": args.time_budget,
+                    "profile_sentences": args.profile,
+                    "token_cache": args.token_cache,
                 }
                 with pauser:
                     measured = run_worker(spec)
@@ -252,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     header = (
         f"{'shape':<9} {'batch':>5} {'tokens/s':>9} {'sent/s':>7} {'GFLOP/s':>8} "
         f"{'% matmul':>8} {'% roofline':>10} {'distinct':>8} "
-        f"{'peak RSS MB':>11} {'model RSS MB':>12} {'others':>6}"
+        f"{'cached':>6} {'peak RSS MB':>11} {'model RSS MB':>12} {'others':>6}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
@@ -260,10 +307,15 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['shape']:<9} {r['batch_size']:>5} {r['tokens_per_s']:>9.1f} "
             f"{r['sentences_per_s']:>7.2f} {r['gflops_per_s']:>8.2f} "
             f"{100 * r['fraction_of_matmul']:>7.1f}% {100 * r['fraction_of_roofline']:>9.1f}% "
-            f"{100 * r['distinct_fraction']:>7.0f}% "
+            f"{100 * r['distinct_fraction']:>7.0f}% {100 * r['token_cache_hit_rate']:>5.0f}% "
             f"{r['peak_rss_mb']:>11.0f} {r['rss_after_load_mb']:>12.0f} "
             f"{100 * r['others_cpu_busy']:>5.0f}%"
         )
+    for r in results:
+        if r["profile"]:
+            print(f"\nprofile, {r['shape']} batch {r['batch_size']} (share of self CPU time, calls):")
+            for op, share, calls in r["profile"]:
+                print(f"  {op:<32} {100 * share:5.1f}%  {calls:>7}")
     baseline = min(r["rss_after_import_mb"] for r in results)
     print(f"(model RSS = RSS right after BiLM.load; python + torch alone is ~{baseline:.0f} MB)")
     print("(others = share of all CPUs that other processes used while this configuration ran)")
@@ -272,8 +324,15 @@ def main(argv: list[str] | None = None) -> None:
     print(pauser.summary())
     if args.json:
         write_report(
-            args.json, command, pauser, rate, matmul_others,
-            torch=torch.__version__, threads=args.threads, flops_per_token=flops, results=results,
+            args.json,
+            command,
+            pauser,
+            rate,
+            matmul_others,
+            torch=torch.__version__,
+            threads=args.threads,
+            flops_per_token=flops,
+            results=results,
         )
 
 

@@ -37,3 +37,58 @@ def test_bucketed_convolution_equals_full_width():
     torch.testing.assert_close(got.double(), expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(got2.double(), expected2, atol=1e-6, rtol=1e-6)
     assert not torch.allclose(got, got2)
+
+
+def _sentences(n: int, seed: int) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(1, 12))) for _ in range(60)]
+    return [list(rng.choice(words, size=rng.integers(1, 9))) for _ in range(n)]
+
+
+def test_token_cache_across_calls_keeps_results_and_its_bound():
+    from elmokit import BiLM, batch_to_ids
+
+    torch.manual_seed(0)
+    model = BiLM(preset("tiny")).eval()
+    encoder = model.token_encoder
+    batches = [batch_to_ids(_sentences(4, seed)) for seed in range(12)]
+    encoder.cache_size = 0
+    with torch.no_grad():
+        expected = [model(ids).layers for ids in batches]
+    for size in (7, 1000):  # 7 < distinct tokens of one batch: evicts within and across calls
+        encoder.cache_size = size
+        with torch.no_grad():
+            got = [model(ids).layers for ids in batches]
+        hits, misses = encoder.cache_stats
+        assert hits > 0 and misses > 0
+        assert len(encoder._cache.slots) <= size and len(encoder._cache.store) <= size
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_token_cache_empties_when_weights_change_and_autograd_bypasses_it():
+    from elmokit import BiLM, batch_to_ids
+
+    torch.manual_seed(0)
+    model = BiLM(preset("tiny")).eval()
+    ids = batch_to_ids(_sentences(3, 0))
+    with torch.no_grad():
+        before = model(ids).layers
+        model.token_encoder.highway.carry[0].bias.add_(0.5)  # an in-place update (optimizer-like)
+        after = model(ids).layers
+    fresh = BiLM(preset("tiny")).eval()
+    fresh.load_state_dict(model.state_dict())
+    fresh.token_encoder.cache_size = 0
+    with torch.no_grad():
+        torch.testing.assert_close(after, fresh(ids).layers, atol=1e-6, rtol=0)
+    assert not torch.allclose(before, after)
+    stats = model.token_encoder.cache_stats
+    model.train()
+    model(ids).layers.sum().backward()  # autograd: computed afresh, the cache is not used
+    assert model.token_encoder.cache_stats == stats
+    assert model.token_encoder.highway.carry[0].weight.grad is not None
+    model.eval().to(torch.bfloat16)
+    with torch.no_grad():
+        model(ids)
+    assert model.token_encoder._cache.store.dtype == torch.bfloat16
+    assert model.token_encoder.cache_stats[0] == 0  # a new cache for the new dtype

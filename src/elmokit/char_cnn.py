@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .highway import Highway
+from .lstm import needs_autograd
 from .options import CharCNNOptions
 
 
@@ -192,11 +195,19 @@ class TokenEncoder(nn.Module):
     """Char CNN, highway layers and projection: char ids (..., max_chars) -> (..., projection_dim).
 
     The CNN runs once per distinct token of the input; the result is identical to running it on
-    every position.
+    every position. Without autograd, the encodings of the last ``cache_size`` distinct tokens
+    are kept across calls (LRU; ``cache_size = 0`` turns it off), so a stream of batches encodes
+    each token once. The cache empties itself when a parameter changes through a PyTorch op
+    (optimizer step, ``load_state_dict``, in-place copy) or the module moves to another device
+    or dtype; after writing to ``param.data`` directly, call ``clear_cache()``.
     """
+
+    DEFAULT_CACHE_SIZE = 20_000
 
     def __init__(self, options: CharCNNOptions, projection_dim: int) -> None:
         super().__init__()
+        self.cache_size = self.DEFAULT_CACHE_SIZE
+        self._cache: _EncodingCache | None = None
         self.char_cnn = CharCNN(options)
         n_filters = self.char_cnn.output_dim
         self.highway = Highway(n_filters, options.n_highway)
@@ -216,8 +227,88 @@ class TokenEncoder(nn.Module):
         """(..., max_chars) -> (..., projection_dim); the CNN runs once per distinct token."""
         flat = char_ids.reshape(-1, char_ids.shape[-1])
         unique, inverse = distinct_rows(flat, self.char_cnn.embedding.num_embeddings)
-        encoded = self.encode_unique(unique)[inverse]
-        return encoded.reshape(*char_ids.shape[:-1], self.output_dim)
+        if self.cache_size > 0 and len(unique) and not needs_autograd(self, self.char_cnn.embedding.weight):
+            encoded = self._encode_cached(unique)
+        else:
+            encoded = self.encode_unique(unique)
+        return encoded[inverse].reshape(*char_ids.shape[:-1], self.output_dim)
+
+    @property
+    def cache_stats(self) -> tuple[int, int]:
+        """(hits, misses) in distinct tokens since the cache was last emptied."""
+        return (0, 0) if self._cache is None else (self._cache.hits, self._cache.misses)
+
+    def clear_cache(self) -> None:
+        self._cache = None
+
+    def _encode_cached(self, unique: torch.Tensor) -> torch.Tensor:
+        """encode_unique through the cache: (n, max_chars) distinct rows -> (n, projection_dim)."""
+        weight = self.char_cnn.embedding.weight
+        versions = tuple((id(p), p._version) for p in self.parameters())
+        version = (weight.device, weight.dtype, self.cache_size, versions)
+        if self._cache is None or self._cache.version != version:
+            self._cache = _EncodingCache(self.cache_size, self.output_dim, weight, version)
+        cache = self._cache
+        keys = _row_keys(unique)
+        slots = cache.find(keys)
+        missing = [i for i, slot in enumerate(slots) if slot < 0]
+        out = cache.store.new_empty(len(keys), self.output_dim)
+        if len(missing) < len(keys):
+            found = [i for i, slot in enumerate(slots) if slot >= 0]
+            index = torch.tensor(found, device=out.device)
+            out[index] = cache.store[torch.tensor([slots[i] for i in found], device=out.device)]
+        if missing:
+            index = torch.tensor(missing, device=out.device)
+            encoded = self.encode_unique(unique[index])
+            out[index] = encoded
+            cache.add([keys[i] for i in missing], encoded)
+        return out
+
+
+def _row_keys(rows: torch.Tensor) -> list[bytes]:
+    """One bytes key per row of char ids (n, max_chars)."""
+    array = rows.to(torch.int16).cpu().numpy()
+    return array.view(np.dtype((np.void, array.shape[1] * array.itemsize))).ravel().tolist()
+
+
+class _EncodingCache:
+    """Token encodings in one (capacity, dim) tensor, found by key (LRU order)."""
+
+    def __init__(self, capacity: int, dim: int, like: torch.Tensor, version: tuple) -> None:
+        self.capacity, self.version = capacity, version
+        self.store = like.new_empty(0, dim)
+        self.slots: OrderedDict[bytes, int] = OrderedDict()
+        self.free: list[int] = []  # unused slots of store
+        self.hits = self.misses = 0
+
+    def find(self, keys: list[bytes]) -> list[int]:
+        """The slot of each key, -1 where absent; found keys become the most recent."""
+        out = []
+        for key in keys:
+            slot = self.slots.get(key, -1)
+            if slot >= 0:
+                self.slots.move_to_end(key)
+            out.append(slot)
+        found = sum(slot >= 0 for slot in out)
+        self.hits += found
+        self.misses += len(keys) - found
+        return out
+
+    def add(self, keys: list[bytes], encoded: torch.Tensor) -> None:
+        """Store the encodings (len(keys), dim) of new keys, evicting the least recent ones."""
+        keys, encoded = keys[-self.capacity :], encoded[-self.capacity :]
+        if len(self.free) < len(keys) and len(self.store) < self.capacity:  # grow, at least doubling
+            size = min(self.capacity, max(2 * len(self.store), len(self.slots) + len(keys), 256))
+            grown = self.store.new_empty(size, self.store.shape[1])
+            grown[: len(self.store)] = self.store
+            self.free.extend(range(size - 1, len(self.store) - 1, -1))
+            self.store = grown
+        slots = []
+        for key in keys:
+            slot = self.free.pop() if self.free else self.slots.popitem(last=False)[1]
+            self.slots[key] = slot
+            slots.append(slot)
+        self.store[torch.tensor(slots, device=self.store.device)] = encoded
 
 
 _HASH_SEED = 0x5EED

@@ -63,6 +63,11 @@ def test_pooled_convolutions_equal_autograd():
     ids = torch.cat([tokens_to_ids(tokens), torch.zeros(1, 50, dtype=torch.long)])
     weights = torch.randn(len(ids), cnn.output_dim, dtype=torch.float64)
 
+    # the gradients as one backward pass returns them (short tokens: one length bucket) keep the
+    # parameters' own strides, which DDP's gradient buckets need (the width-1 filter's did not)
+    params = list(cnn.parameters())
+    raw = torch.autograd.grad(cnn(tokens_to_ids(["abc", "de"])).sum(), params)
+    assert [g.stride() for g in raw] == [p.stride() for p in params]
     (cnn(ids) * weights).sum().backward()
     got = {name: p.grad.clone() for name, p in cnn.named_parameters()}
     cnn.zero_grad()

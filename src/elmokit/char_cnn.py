@@ -185,7 +185,9 @@ class _PooledConvolutions(torch.autograd.Function):
             d_weight = torch.matmul(histogram, embedding).permute(1, 2, 0)
             # d_embedding[a, c] += sum_k sum_f histogram[k, f, a] * weight[f, c, k]
             d_embedding += torch.bmm(histogram.transpose(1, 2), weight.permute(2, 0, 1)).sum(dim=0)
-            d_params += [d_weight.contiguous(), g.sum(dim=0)]
+            # in the weight's own strides (for width 1 ``contiguous()`` would keep a stride that
+            # DDP's gradient buckets do not match)
+            d_params += [weight.new_empty(weight.shape).copy_(d_weight), g.sum(dim=0)]
         if ctx.padding_idx is not None:
             d_embedding[ctx.padding_idx] = 0.0
         return (None, d_embedding, None, *d_params)

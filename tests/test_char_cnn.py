@@ -87,7 +87,13 @@ def test_token_cache_empties_when_weights_change_and_autograd_bypasses_it():
     model(ids).layers.sum().backward()  # autograd: computed afresh, the cache is not used
     assert model.token_encoder.cache_stats == stats
     assert model.token_encoder.highway.carry[0].weight.grad is not None
-    model.eval().to(torch.bfloat16)
+    other = batch_to_ids(_sentences(3, 1))  # new tokens: the cache must take them in
+    model.token_encoder.clear_cache()
+    with torch.inference_mode():  # a cache made here cannot be written outside it
+        model.eval()(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(model(other).layers, fresh(other).layers, atol=1e-6, rtol=0)
+    model.to(torch.bfloat16)
     with torch.no_grad():
         model(ids)
     assert model.token_encoder._cache.store.dtype == torch.bfloat16

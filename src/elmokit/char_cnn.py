@@ -201,7 +201,8 @@ class TokenEncoder(nn.Module):
     are kept across calls (LRU; ``cache_size = 0`` turns it off), so a stream of batches encodes
     each token once. The cache empties itself when a parameter changes through a PyTorch op
     (optimizer step, ``load_state_dict``, in-place copy) or the module moves to another device
-    or dtype; after writing to ``param.data`` directly, call ``clear_cache()``.
+    or dtype, and when calls switch between ``torch.inference_mode`` and ``torch.no_grad``;
+    after writing to ``param.data`` directly, call ``clear_cache()``.
     """
 
     DEFAULT_CACHE_SIZE = 20_000
@@ -247,7 +248,9 @@ class TokenEncoder(nn.Module):
         """encode_unique through the cache: (n, max_chars) distinct rows -> (n, projection_dim)."""
         weight = self.char_cnn.embedding.weight
         versions = tuple((id(p), p._version) for p in self.parameters())
-        version = (weight.device, weight.dtype, self.cache_size, versions)
+        # a store made under inference_mode cannot be written outside it: one cache per mode
+        inference = torch.is_inference_mode_enabled()
+        version = (weight.device, weight.dtype, self.cache_size, inference, versions)
         if self._cache is None or self._cache.version != version:
             self._cache = _EncodingCache(self.cache_size, self.output_dim, weight, version)
         cache = self._cache

@@ -254,7 +254,7 @@ class TokenEncoder(nn.Module):
         if self._cache is None or self._cache.version != version:
             self._cache = _EncodingCache(self.cache_size, self.output_dim, weight, version)
         cache = self._cache
-        keys = _row_keys(unique)
+        keys = _row_keys(unique, self.char_cnn.embedding.num_embeddings)
         slots = cache.find(keys)
         missing = [i for i, slot in enumerate(slots) if slot < 0]
         out = cache.store.new_empty(len(keys), self.output_dim)
@@ -270,9 +270,9 @@ class TokenEncoder(nn.Module):
         return out
 
 
-def _row_keys(rows: torch.Tensor) -> list[bytes]:
-    """One bytes key per row of char ids (n, max_chars)."""
-    array = rows.to(torch.int16).cpu().numpy()
+def _row_keys(rows: torch.Tensor, n_values: int) -> list[bytes]:
+    """One bytes key per row of char ids (n, max_chars) with values in 0 .. n_values - 1."""
+    array = rows.to(torch.int16 if n_values <= 2**15 else torch.int32).cpu().numpy()
     return array.view(np.dtype((np.void, array.shape[1] * array.itemsize))).ravel().tolist()
 
 

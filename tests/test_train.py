@@ -333,3 +333,35 @@ def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
     assert run.step == 4
     assert latest_checkpoint(tmp_path / "run").name.endswith("4")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_best_checkpoint_by_heldout_is_kept_and_exported(tmp_path, corpus, monkeypatch):
+    """Checkpoints after steps 1, 2, 3 (and at the end, 3 again) score 5, 4, 6, 6: step 2 stays
+    on disk as the best, step 1 is deleted, and export can take either."""
+    import elmokit.train as training
+
+    scores = iter([5.0, 4.0, 6.0, 6.0])
+
+    def scripted(*args, **kwargs):
+        value = next(scores)
+        return training.Perplexity(value, value, value, value, 10, "scripted")
+
+    monkeypatch.setattr(training, "evaluate_perplexity", scripted)
+    config = make_config(tmp_path, corpus, max_steps=3, checkpoint_minutes=0, heldout=corpus[0])
+    train(config, progress=False)
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000000002", "checkpoint-000000003"]
+    best = json.loads((run / "best.json").read_text())
+    assert (best["folder"], best["step"], best["average"]) == ("checkpoint-000000002", 2, 4.0)
+    assert latest_checkpoint(run).name == "checkpoint-000000003"
+    for which, step in (("best", 2), ("latest", 3)):
+        out = export_model(run, tmp_path / which, checkpoint=which)
+        history = json.loads((out / "training.json").read_text())
+        assert (history["steps"], history["checkpoint"]) == (step, which)
+        saved = load_checkpoint_file(run / f"checkpoint-{step:09d}" / "model.pt")["model"]
+        bilm = BiLM.load(out / "options.json", out / "weights.hdf5")
+        for name, value in bilm.state_dict().items():
+            assert torch.equal(value, saved[f"bilm.{name}"]), name
+    train(make_config(tmp_path, corpus, max_steps=1, save_dir=str(tmp_path / "no-heldout")), progress=False)
+    with pytest.raises(FileNotFoundError, match="no best checkpoint"):
+        export_model(tmp_path / "no-heldout", tmp_path / "x", checkpoint="best")

@@ -205,8 +205,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
 def export_command(args: argparse.Namespace) -> int:
     from .train import export_model
 
-    out = export_model(args.model_dir, args.out_dir)
-    print(f"wrote {out}/options.json, weights.hdf5 (original layout), vocab.txt, softmax.hdf5")
+    out = export_model(args.model_dir, args.out_dir, checkpoint=args.checkpoint)
+    print(
+        f"wrote {out}/options.json, weights.hdf5 (original layout), vocab.txt, softmax.hdf5 "
+        f"({args.checkpoint} checkpoint)"
+    )
     return 0
 
 
@@ -432,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a trained model in the original layout")
     p.add_argument("model_dir")
     p.add_argument("out_dir")
+    p.add_argument(
+        "--checkpoint",
+        choices=["latest", "best"],
+        default="latest",
+        help="of a training save dir: the latest, or the one with the lowest held-out perplexity",
+    )
     p.set_defaults(func=export_command)
 
     from .tasks.cli import add_task_parser

@@ -37,6 +37,9 @@ from .options import BiLMOptions
 from .softmax import Softmax
 
 CHECKPOINT_POINTER = "latest"
+# The checkpoint with the lowest held-out perplexity so far: {"folder", "step", "forward",
+# "backward", "average"} (written only when the run has held-out data).
+BEST_POINTER = "best.json"
 
 
 class TrainingError(RuntimeError):
@@ -234,6 +237,22 @@ def latest_checkpoint(save_dir: Path) -> Path | None:
     return folder if folder.is_dir() else None
 
 
+def best_checkpoint(save_dir: Path) -> Path | None:
+    """The folder of the checkpoint with the lowest held-out perplexity so far, or None."""
+    pointer = save_dir / BEST_POINTER
+    if not pointer.is_file():
+        return None
+    folder = save_dir / json.loads(pointer.read_text(encoding="utf-8"))["folder"]
+    return folder if folder.is_dir() else None
+
+
+def checkpoint_folder(save_dir: Path, which: str = "latest") -> Path | None:
+    """A save dir's "latest" or "best" checkpoint folder (None if it has none)."""
+    if which not in ("latest", "best"):
+        raise ValueError(f"checkpoint must be 'latest' or 'best', got {which!r}")
+    return latest_checkpoint(save_dir) if which == "latest" else best_checkpoint(save_dir)
+
+
 def load_checkpoint_file(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
     """Read a checkpoint file without unpickling arbitrary objects."""
     return torch.load(path, map_location=device, weights_only=True)
@@ -367,8 +386,31 @@ class Trainer:
         return result
 
     # -- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_and_evaluate(self) -> None:
+        """A checkpoint, then the held-out perplexity; the best checkpoint so far is kept."""
+        folder = self.save_checkpoint()
+        result = self.evaluate_heldout()
+        if result is not None:
+            self._keep_if_best(folder, result)
+        self.env.barrier()
+
+    def _keep_if_best(self, folder: Path, result: Perplexity) -> None:
+        """Point best.json at ``folder`` if its held-out average is the lowest so far, and
+        delete the checkpoint it replaces unless that one is the latest."""
+        pointer = self.save_dir / BEST_POINTER
+        best = json.loads(pointer.read_text(encoding="utf-8")) if pointer.is_file() else None
+        if best is not None and result.average >= best["average"]:
+            return
+        figures = {"forward": result.forward, "backward": result.backward, "average": result.average}
+        _atomic_write_text(
+            json.dumps({"folder": folder.name, "step": self.run.step, **figures}, indent=2) + "\n", pointer
+        )
+        if best is not None and best["folder"] not in (folder.name, latest_checkpoint(self.save_dir).name):
+            shutil.rmtree(self.save_dir / best["folder"], ignore_errors=True)
+
     def save_checkpoint(self) -> Path:
-        """Write all processes' state into a new folder, then point ``latest`` at it."""
+        """Write all processes' state into a new folder, then point ``latest`` at it; the
+        previous latest is deleted unless it is the best so far."""
         folder = self.save_dir / f"checkpoint-{self.run.step:09d}"
         if self.env.is_main:
             folder.mkdir(parents=True, exist_ok=True)
@@ -394,7 +436,7 @@ class Trainer:
         if self.env.is_main:
             previous = latest_checkpoint(self.save_dir)
             _atomic_write_text(folder.name + "\n", self.save_dir / CHECKPOINT_POINTER)
-            if previous is not None and previous != folder:
+            if previous not in (None, folder, best_checkpoint(self.save_dir)):
                 shutil.rmtree(previous, ignore_errors=True)
         return folder
 
@@ -447,8 +489,7 @@ def run_training(
             _loop(trainer, metrics, bar, max_steps, max_time, stop)
         finally:
             bar.close()
-    trainer.save_checkpoint()
-    trainer.evaluate_heldout()
+    trainer.checkpoint_and_evaluate()
     return trainer.run
 
 
@@ -482,8 +523,7 @@ def _loop(
         if env.any(out_of_time or stop.requested):  # every process stops at the same step
             break
         if env.any(time.monotonic() - last_checkpoint >= config.checkpoint_minutes * 60):
-            trainer.save_checkpoint()
-            trainer.evaluate_heldout()
+            trainer.checkpoint_and_evaluate()
             last_checkpoint = time.monotonic()
 
 
@@ -537,8 +577,11 @@ def save_config(config: TrainConfig) -> None:
 SOFTMAX_FILE = "softmax.hdf5"
 
 
-def load_language_model(model_dir: str | Path, device: str | torch.device = "cpu"):
-    """(LanguageModel, Vocabulary) from a training save dir or an exported model folder."""
+def load_language_model(
+    model_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "latest"
+):
+    """(LanguageModel, Vocabulary) from a training save dir (its "latest" or "best" checkpoint)
+    or an exported model folder."""
     from .data import Vocabulary
     from .weights import load_weights
 
@@ -549,11 +592,13 @@ def load_language_model(model_dir: str | Path, device: str | torch.device = "cpu
     if not vocab_file.is_file():
         raise FileNotFoundError(f"model folder {folder} has no vocab.txt")
     vocab = Vocabulary.from_file(vocab_file)
-    checkpoint = latest_checkpoint(folder)
-    if checkpoint is not None:
+    chosen = checkpoint_folder(folder, checkpoint)
+    if checkpoint == "best" and chosen is None and latest_checkpoint(folder) is not None:
+        raise FileNotFoundError(f"{folder} has no best checkpoint: the run had no held-out data")
+    if chosen is not None:
         config = json.loads((folder / "train_config.json").read_text(encoding="utf-8"))
         model = LanguageModel(config["options"], len(vocab), dropout=0.0)
-        state = load_checkpoint_file(checkpoint / "model.pt")["model"]
+        state = load_checkpoint_file(chosen / "model.pt")["model"]
         model.load_state_dict(state)
     else:
         for name in ("options.json", "weights.hdf5", SOFTMAX_FILE):
@@ -595,9 +640,12 @@ def load_softmax(softmax: Softmax, path: Path) -> None:
                 param.copy_(torch.from_numpy(f[name][...]))
 
 
-def export_model(model_dir: str | Path, out_dir: str | Path, extra_options: dict | None = None) -> Path:
-    """Write options.json + weights.hdf5 (original layout), vocab.txt and softmax.hdf5."""
-    model, vocab = load_language_model(model_dir)
+def export_model(
+    model_dir: str | Path, out_dir: str | Path, extra_options: dict | None = None, checkpoint: str = "latest"
+) -> Path:
+    """Write options.json + weights.hdf5 (original layout), vocab.txt and softmax.hdf5 of a
+    save dir's "latest" or "best" (lowest held-out perplexity) checkpoint."""
+    model, vocab = load_language_model(model_dir, checkpoint=checkpoint)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.bilm.save(out / "options.json", out / "weights.hdf5")
@@ -606,7 +654,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, extra_options: dict
     _atomic_write_text(json.dumps(options, indent=2) + "\n", out / "options.json")
     vocab.save(out / "vocab.txt")
     save_softmax(model.softmax, out / SOFTMAX_FILE)
-    history = training_summary(Path(model_dir))
+    history = training_summary(Path(model_dir), checkpoint)
     if history is not None:
         _atomic_write_text(json.dumps(history, indent=2) + "\n", out / TRAINING_FILE)
     return out
@@ -615,13 +663,13 @@ def export_model(model_dir: str | Path, out_dir: str | Path, extra_options: dict
 TRAINING_FILE = "training.json"
 
 
-def training_summary(save_dir: Path) -> dict[str, Any] | None:
-    """Steps, tokens, epochs and training time of a save dir's latest checkpoint, with the
-    run's configuration (None for a folder without a checkpoint)."""
-    checkpoint = latest_checkpoint(save_dir)
-    if checkpoint is None:
+def training_summary(save_dir: Path, checkpoint: str = "latest") -> dict[str, Any] | None:
+    """Steps, tokens, epochs and training time of a save dir's latest or best checkpoint, with
+    the run's configuration (None for a folder without a checkpoint)."""
+    folder = checkpoint_folder(save_dir, checkpoint)
+    if folder is None:
         return None
-    run = load_checkpoint_file(checkpoint / "model.pt")["run"]
+    run = load_checkpoint_file(folder / "model.pt")["run"]
     config = json.loads((save_dir / "train_config.json").read_text(encoding="utf-8"))
     n_train = config.get("n_train_tokens")
     return {
@@ -629,6 +677,7 @@ def training_summary(save_dir: Path) -> dict[str, Any] | None:
         "tokens": int(run["tokens"]),
         "epochs": round(run["tokens"] / n_train, 3) if n_train else None,
         "training_hours": round(run["seconds"] / 3600, 2),
+        "checkpoint": checkpoint,
         "config": config,
     }
 

@@ -118,6 +118,24 @@ def test_resume_continues_exactly(tmp_path, corpus):
         assert torch.equal(x, y), name
     rows = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("step,") and [r.split(",")[0] for r in rows[1:]] == list("123456")
+    norms = [
+        [float(r.split(",")[-1]) for r in (tmp_path / d / "metrics.csv").read_text().splitlines()[1:]]
+        for d in "ab"
+    ]
+    assert rows[0].endswith(",grad_norm") and norms[0] == norms[1] and min(norms[0]) > 0
+
+
+def test_metrics_log_from_an_older_version_gains_the_new_columns(tmp_path):
+    from elmokit.train import _MetricsLog
+
+    path = tmp_path / "metrics.csv"
+    path.write_text(
+        "step,tokens,seconds,loss_forward,loss_backward,perplexity,tokens_per_second\n1,20,0.5,9,9,8103.1,40\n"
+    )
+    log = _MetricsLog(path)
+    log.write(**dict(zip(_MetricsLog.FIELDS, [2, 40, 1.0, 8, 8, 2981.0, 40, 3.5])))
+    rows = path.read_text().splitlines()
+    assert rows == [",".join(_MetricsLog.FIELDS), "1,20,0.5,9,9,8103.1,40,", "2,40,1.0,8,8,2981.0,40,3.5"]
 
 
 def test_save_dir_with_another_run_needs_resume(tmp_path, corpus):
@@ -180,7 +198,10 @@ def test_evaluation_windows_equal_unroll_one_and_export_round_trip(tmp_path, cor
     history = json.loads((out / "training.json").read_text())
     assert history["steps"] == 3 and history["tokens"] == 3 * 4 * 5
     assert history["epochs"] == round(60 / history["config"]["n_train_tokens"], 3)
-    assert history["config"]["options"] == json.loads((tmp_path / "run" / "train_config.json").read_text())["options"]
+    assert (
+        history["config"]["options"]
+        == json.loads((tmp_path / "run" / "train_config.json").read_text())["options"]
+    )
 
 
 def test_init_from_copies_shared_softmax_rows(tmp_path, corpus):
@@ -294,9 +315,7 @@ def test_state_reset_zeroes_carried_states(tmp_path, corpus):
 
     def losses(state_reset: float, fresh_state: bool) -> list[tuple[float, float]]:
         torch.manual_seed(0)
-        config = make_config(
-            tmp_path, corpus, dropout=0.0, n_negative_samples=1000, state_reset=state_reset
-        )
+        config = make_config(tmp_path, corpus, dropout=0.0, n_negative_samples=1000, state_reset=state_reset)
         trainer = Trainer(config, None, len(vocab), setup_distributed("cpu"))
         out = []
         for batch in batches:
@@ -350,7 +369,10 @@ def test_best_checkpoint_by_heldout_is_kept_and_exported(tmp_path, corpus, monke
     config = make_config(tmp_path, corpus, max_steps=3, checkpoint_minutes=0, heldout=corpus[0])
     train(config, progress=False)
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000000002", "checkpoint-000000003"]
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == [
+        "checkpoint-000000002",
+        "checkpoint-000000003",
+    ]
     best = json.loads((run / "best.json").read_text())
     assert (best["folder"], best["step"], best["average"]) == ("checkpoint-000000002", 2, 4.0)
     assert latest_checkpoint(run).name == "checkpoint-000000003"

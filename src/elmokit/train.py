@@ -292,6 +292,7 @@ class Trainer:
         )
         self.generator = torch.Generator().manual_seed(config.seed * 1000 + env.rank)
         self.lstm_state: LstmState | None = None
+        self.grad_norm = 0.0  # the last step's global gradient norm before clipping
         self.run = RunState()
         self.num_sampled: int | None = (
             config.n_negative_samples if vocab_size > config.n_negative_samples else None
@@ -322,7 +323,8 @@ class Trainer:
             )
         self.optimizer.zero_grad(set_to_none=True)
         (loss * self.config.unroll_steps).backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        self.grad_norm = float(norm)
         self.optimizer.step()
         per_direction = losses.detach()
         if self.env.active:
@@ -517,7 +519,7 @@ def _loop(
         if trainer.run.step % config.log_every == 0 or trainer.run.step == 1:
             rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
             window_tokens, window_start = 0, time.monotonic()
-            _report(bar, metrics, trainer.run, fwd, bwd, rate)
+            _report(bar, metrics, trainer.run, fwd, bwd, rate, trainer.grad_norm)
         bar.update(1)
         out_of_time = max_time is not None and time.monotonic() - start >= max_time
         if env.any(out_of_time or stop.requested):  # every process stops at the same step
@@ -527,7 +529,7 @@ def _loop(
             last_checkpoint = time.monotonic()
 
 
-def _report(bar, metrics, run: RunState, fwd: float, bwd: float, rate: float) -> None:
+def _report(bar, metrics, run: RunState, fwd: float, bwd: float, rate: float, grad_norm: float) -> None:
     ppl = math.exp(min(0.5 * (fwd + bwd), 50.0))
     bar.set_postfix(loss=f"{0.5 * (fwd + bwd):.3f}", ppl=f"{ppl:.1f}", tok_s=f"{rate:.0f}")
     if metrics is not None:
@@ -539,11 +541,13 @@ def _report(bar, metrics, run: RunState, fwd: float, bwd: float, rate: float) ->
             loss_backward=round(bwd, 5),
             perplexity=round(ppl, 3),
             tokens_per_second=round(rate, 1),
+            grad_norm=round(grad_norm, 4),
         )
 
 
 class _MetricsLog:
-    """Append rows to metrics.csv (header written once)."""
+    """Append rows to metrics.csv (header written once; a file from an older version without
+    some columns gets them, empty in its old rows)."""
 
     FIELDS = [
         "step",
@@ -553,6 +557,7 @@ class _MetricsLog:
         "loss_backward",
         "perplexity",
         "tokens_per_second",
+        "grad_norm",  # global gradient norm before clipping (of the logged step)
     ]
 
     def __init__(self, path: Path) -> None:
@@ -560,6 +565,16 @@ class _MetricsLog:
         if not path.exists():
             with path.open("w", newline="") as f:
                 csv.writer(f).writerow(self.FIELDS)
+            return
+        with path.open(newline="") as f:
+            rows = list(csv.reader(f))
+        if rows and rows[0] != self.FIELDS:
+            old = rows[0]
+            lines = [self.FIELDS] + [[dict(zip(old, r)).get(k, "") for k in self.FIELDS] for r in rows[1:]]
+            tmp = path.with_name(path.name + ".tmp")
+            with tmp.open("w", newline="") as f:
+                csv.writer(f).writerows(lines)
+            tmp.replace(path)
 
     def write(self, **row: Any) -> None:
         with self.path.open("a", newline="") as f:

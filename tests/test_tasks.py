@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -462,6 +463,11 @@ def test_fine_tune_elmo_trains_the_bilm(tmp_path):
     assert any(not torch.equal(v, pretrained[k]) for k, v in tuned.items())  # the biLM was trained
     reloaded = TrainedTask.load(tmp_path / "out").model.features.elmo.bilm.state_dict()
     assert all(torch.equal(v, reloaded[k]) for k, v in tuned.items())
+    # --elmo-lr 0: the biLM's own learning rate; at 0 it keeps its pretrained weights
+    config = dataclasses.replace(config, out=str(tmp_path / "lr0"), elmo_lr=0.0, model=ModelConfig(hidden=8))
+    assert run_task(config)["fine_tune_elmo"]
+    state = load_file(tmp_path / "lr0" / "model.safetensors")
+    assert all(torch.equal(state[prefix + k], v) for k, v in pretrained.items())
 
 
 def test_tagger_learns_a_trivial_task(tmp_path):

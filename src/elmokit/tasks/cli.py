@@ -82,6 +82,9 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--binary", action="store_true", help="sentiment: SST-2 (drop neutral, negative/positive)")
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)
     p.add_argument("--lr", type=float, default=defaults.lr)
+    p.add_argument(
+        "--elmo-lr", type=float, help="with --fine-tune-elmo: the biLM's learning rate (default: --lr)"
+    )
     p.add_argument("--hidden", type=int, default=model.hidden, help="BiLSTM cells per direction")
     p.add_argument("--lstm-layers", type=int, default=model.lstm_layers)
     p.add_argument("--word-dim", type=int, default=model.word_dim, help="0: no word embeddings")
@@ -130,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> TaskConfig:
         patience=args.patience,
         batch_size=args.batch_size,
         lr=args.lr,
+        elmo_lr=args.elmo_lr,
         binary=args.binary,
         model=model,
         cache_dir=args.cache_dir,

@@ -77,6 +77,7 @@ class TaskConfig:
     epochs: int | None = None  # at most this many epochs (None: only rounds and patience stop)
     batch_size: int = 32
     lr: float = 1e-3
+    elmo_lr: float | None = None  # the biLM's learning rate when fine-tuning (None: lr)
     weight_decay: float = 0.0
     clip_norm: float = 5.0
     binary: bool = False  # sentiment: SST-2 instead of SST-5
@@ -268,6 +269,18 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _param_groups(model: torch.nn.Module, trainable: list[torch.Tensor], config: TaskConfig) -> list[dict]:
+    """Adam's parameter groups: the fine-tuned biLM at ``elmo_lr`` (if given), the rest at ``lr``."""
+    elmo = next((m for m in model.modules() if isinstance(m, Elmo)), None)
+    if not config.fine_tune_elmo or config.elmo_lr is None or elmo is None:
+        return [{"params": trainable}]
+    bilm = {id(p) for p in elmo.bilm.parameters()}
+    return [
+        {"params": [p for p in trainable if id(p) not in bilm]},
+        {"params": [p for p in trainable if id(p) in bilm], "lr": config.elmo_lr},
+    ]
+
+
 def build_model(
     config: TaskConfig, n_words: int, labels: list[str], elmo_model: str | None
 ) -> Tagger | Classifier:
@@ -439,7 +452,9 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
     _seed_everything(config.seed)
     model = build_model(config, len(words), labels, config.elmo)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.Adam(
+        _param_groups(model, trainable, config), lr=config.lr, weight_decay=config.weight_decay
+    )
     n_params = sum(p.numel() for p in trainable)
     log(f"model: {type(model).__name__}, {n_params:,} trained parameters")
 

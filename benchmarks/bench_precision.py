@@ -22,27 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_bilm import read_sentences
 from common import Pauser
 
 from elmokit.embed import Embedder
 from elmokit.pretrained import DEFAULT_MODEL
-
-
-def read_sentences(path: str, n: int, skip: int = 0) -> list[list[str]]:
-    """The first ``n`` non-empty lines of ``path`` after ``skip`` of them, as token lists."""
-    out: list[list[str]] = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            tokens = line.split()
-            if not tokens:
-                continue
-            if skip > 0:
-                skip -= 1
-                continue
-            out.append(tokens)
-            if len(out) == n:
-                break
-    return out
 
 
 def embed(model: str, dtype: str, batch_size: int, sentences, warm_up) -> tuple[float, np.ndarray]:
@@ -81,8 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", help="also write the results as JSON to this file")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sentences = read_sentences(args.sentences, args.n_sentences)
-    warm_up = read_sentences(args.sentences, 1, skip=args.n_sentences)[0]
+    *sentences, warm_up = read_sentences(args.sentences, args.n_sentences + 1)
     command = shlex.join([sys.executable, *sys.argv])
     print(f"command: {command}")
     print(

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .highway import Highway
-from .lstm import needs_autograd
+from .lstm import full_precision, needs_autograd
 from .options import CharCNNOptions
 
 
@@ -87,12 +87,7 @@ class CharCNN(nn.Module):
     def _convolve(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation."""
         weight = self.embedding.weight
-        if (
-            torch.is_grad_enabled()
-            and any(p.requires_grad for p in self.parameters())
-            and weight.dtype in (torch.float32, torch.float64)
-            and not torch.is_autocast_enabled(weight.device.type)
-        ):
+        if needs_autograd(self, weight) and full_precision(weight):
             params = [t for conv in self.convolutions for t in (conv.weight, conv.bias)]
             return self.activation(
                 _PooledConvolutions.apply(char_ids, weight, self.embedding.padding_idx, *params)

@@ -106,15 +106,18 @@ def needs_autograd(module: nn.Module, *tensors: torch.Tensor) -> bool:
     )
 
 
+def full_precision(tensor: torch.Tensor) -> bool:
+    """Whether the hand-written training kernels (``_LayerRecurrence``, the char CNN's
+    ``_PooledConvolutions``) apply: float32 or float64 and no autocast."""
+    return tensor.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
+        tensor.device.type
+    )
+
+
 def _use_fused_recurrence(inputs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, packing: Packing) -> bool:
     """Whether the training recurrence can run as one autograd node (``_LayerRecurrence``):
-    full-precision tensors of one dtype, no autocast, at least one real position."""
-    return (
-        packing.size > 0
-        and inputs.dtype in (torch.float32, torch.float64)
-        and h0.dtype == c0.dtype == inputs.dtype
-        and not torch.is_autocast_enabled(inputs.device.type)
-    )
+    full-precision tensors of one dtype, at least one real position."""
+    return packing.size > 0 and full_precision(inputs) and h0.dtype == c0.dtype == inputs.dtype
 
 
 def _final_states(initial: torch.Tensor, packed: torch.Tensor, packing: Packing) -> torch.Tensor:

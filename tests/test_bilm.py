@@ -140,3 +140,110 @@ def test_options_json_copy_is_the_original(tiny_options):
     # Guards against editing the fixture: these are the values the reference activations used.
     assert tiny_options["lstm"] == json.loads((TINY / "options.json").read_text())["lstm"]
     assert tiny_options["lstm"]["dim"] == 64 and tiny_options["char_cnn"]["n_highway"] == 2
+
+
+# -- explicit state ---------------------------------------------------------------------------
+
+
+def test_out_state_continues_a_stream_as_the_stateful_model_does(tiny_files, tiny_sentences, bilm):
+    s = [x.split() for x in tiny_sentences[0][:6]]
+    stateful = BiLM.load(*tiny_files, stateful=True)
+    with torch.no_grad():
+        first = bilm(batch_to_ids(s[:3]), state="zero")
+        second = bilm(batch_to_ids(s[3:6]), state=first.state)
+        stateful(batch_to_ids(s[:3]))
+        expected = stateful(batch_to_ids(s[3:6]))
+    torch.testing.assert_close(second.layers, expected.layers, atol=1e-6, rtol=0)
+    torch.testing.assert_close(second.state.h, stateful.carried.state.h, atol=1e-6, rtol=0)
+    # each row's state is the one after its own last position: a row alone ends in the same state
+    with torch.no_grad():
+        alone = bilm(batch_to_ids([s[4]]), state=first.state.select(torch.tensor([1])))
+    torch.testing.assert_close(alone.state.c[:, :, 0], second.state.c[:, :, 1], atol=1e-6, rtol=0)
+    assert second.state.h.shape == (2, 2, 3, 16) and second.state.c.shape == (2, 2, 3, 64)
+
+
+def test_default_state_is_the_start_state_and_zero_is_explicit(tiny_files, tiny_sentences):
+    from elmokit.lstm import LstmState
+
+    model = BiLM.load(*tiny_files)
+    ids = batch_to_ids([tiny_sentences[1][0].split(), tiny_sentences[1][1].split()])
+    with torch.no_grad():
+        zero = model(ids).layers  # no start state: zeros
+        torch.testing.assert_close(model(ids, state="zero").layers, zero, atol=0, rtol=0)
+        torch.testing.assert_close(model(ids, state=model.zero_state(2)).layers, zero, atol=0, rtol=0)
+        model.start_state = LstmState(torch.full((2, 2, 16), 0.2), torch.full((2, 2, 64), -0.3))
+        warm = model(ids).layers
+        explicit = model(ids, state=model.initial_state(2)).layers
+        still_zero = model(ids, state="zero").layers
+    torch.testing.assert_close(warm, explicit, atol=0, rtol=0)
+    torch.testing.assert_close(still_zero, zero, atol=0, rtol=0)
+    assert not torch.allclose(warm[2], zero[2], atol=1e-4)
+    with pytest.raises(ValueError, match="for a batch of 2"):
+        model(ids, state=model.zero_state(3))
+    with pytest.raises(ValueError, match="'zero'"):
+        model(ids, state="warm")
+
+
+def test_explicit_state_carries_gradients(bilm, tiny_sentences):
+    from elmokit.lstm import LstmState
+
+    ids = batch_to_ids([tiny_sentences[2][0].split()])
+    h = torch.zeros(2, 2, 1, 16, requires_grad=True)
+    c = torch.zeros(2, 2, 1, 64, requires_grad=True)
+    out = bilm(ids, state=LstmState(h, c))
+    out.layers[1].sum().backward()
+    assert h.grad is not None and h.grad.abs().sum() > 0 and c.grad.abs().sum() > 0
+
+
+def test_wrapping_never_changes_the_model_passed_in(tiny_files, tiny_sentences):
+    from elmokit import Elmo, Embedder
+
+    s = [x.split() for x in tiny_sentences[0][:4]]
+    stateful = BiLM.load(*tiny_files, stateful=True)
+    stateful.train()
+    Elmo(bilm=stateful, num_output_representations=1)
+    assert stateful.stateful and stateful.training
+    assert all(p.requires_grad for p in stateful.parameters())
+    # Elmo with requires_grad=False gives the biLM no gradient, without freezing it
+    elmo = Elmo(bilm=stateful, num_output_representations=1, dropout=0.0, stateful=False)
+    elmo(batch_to_ids(s)).representations[0].sum().backward()
+    assert all(p.grad is None for p in stateful.parameters())
+    assert stateful.carried.state is None  # stateful=False: the carried states were not used
+    # Embedder: another dtype runs a copy; the model keeps its dtype, mode and carried states
+    embedder = Embedder(stateful, mode="warm", dtype="bfloat16", device="cpu")
+    embedder.embed_sentence(s[0])
+    assert next(stateful.parameters()).dtype == torch.float32 and stateful.training
+    assert embedder.bilm is not stateful and stateful.carried.state is None
+    same = Embedder(stateful, mode="zero", device="cpu")
+    a = same.embed_sentence(s[1])
+    b = same.embed_sentence(s[1])
+    np.testing.assert_array_equal(a, b)  # deterministic although the model is a StatefulBiLM
+    assert same.bilm is stateful and stateful.training and stateful.carried.state is None
+
+
+def test_stateful_elmo_carries_states_without_touching_the_bilm(tiny_files, tiny_sentences, bilm):
+    from elmokit import Elmo
+
+    s = [x.split() for x in tiny_sentences[0][:6]]
+    elmo = Elmo(bilm=bilm, num_output_representations=1, dropout=0.0, stateful=True,
+                scalar_mix_parameters=[0.0, 0.0, 1e4])
+    reference = BiLM.load(*tiny_files, stateful=True)
+    with torch.no_grad():
+        elmo(batch_to_ids(s[:3]))
+        got = elmo(batch_to_ids(s[3:5])).representations[0]
+        reference(batch_to_ids(s[:3]))
+        top = reference(batch_to_ids(s[3:5])).layers[2]
+    torch.testing.assert_close(got, top, atol=1e-5, rtol=0)
+    assert not bilm.stateful
+
+
+def test_old_calls_keep_working_with_a_deprecation_warning(tiny_options, tiny_sentences, bilm):
+    from elmokit import StatefulBiLM
+
+    with pytest.warns(DeprecationWarning, match="StatefulBiLM"):
+        model = BiLM(tiny_options, stateful=True)
+    assert isinstance(model, StatefulBiLM) and model.stateful
+    ids = batch_to_ids([tiny_sentences[0][0].split()])
+    with pytest.warns(DeprecationWarning, match="keep_sentence_boundaries"), torch.no_grad():
+        out = bilm(ids, True)
+    assert out.layers.shape[2] == ids.shape[1] + 2

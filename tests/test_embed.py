@@ -92,19 +92,26 @@ def test_cache_does_not_change_results(bilm, sentences):
 
 def test_long_sentence_windows_equal_unsplit(tiny_files, sentences):
     long = [t for s in sentences for t in s][:700]
-    whole = BiLM.load(*tiny_files)
-    whole.window = None
-    windowed = BiLM.load(*tiny_files)
-    windowed.window = 64
+    bilm = BiLM.load(*tiny_files)
     ids = batch_to_ids([long, sentences[0]])
     with torch.no_grad():
-        a, b = whole(ids).layers, windowed(ids).layers
-    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        whole, windowed = bilm(ids, window=None), bilm(ids, window=64)
+    torch.testing.assert_close(whole.layers, windowed.layers, atol=1e-6, rtol=0)
+    torch.testing.assert_close(whole.state.h, windowed.state.h, atol=1e-6, rtol=0)
     stateful = BiLM.load(*tiny_files, stateful=True)
-    stateful.window = 64
     with torch.no_grad():
-        c = stateful(ids).layers
-    torch.testing.assert_close(a, c, atol=1e-6, rtol=0)
+        c = stateful(ids, window=64).layers
+    torch.testing.assert_close(whole.layers, c, atol=1e-6, rtol=0)
+    # with autograd (the out-of-place scatter) the windows give the same values and gradients
+    bilm.requires_grad_(True)
+    grads = []
+    for window in (None, 64):
+        bilm.zero_grad()
+        out = bilm(ids, window=window)
+        torch.testing.assert_close(out.layers.detach(), whole.layers, atol=1e-6, rtol=0)
+        out.layers[2].sum().backward()
+        grads.append(bilm.lstm.layers[0].weight_hidden.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-5)
 
 
 def test_warm_start_state_round_trip_and_modes(tmp_path, bilm, sentences, tiny_files):

@@ -1,6 +1,6 @@
 """elmokit: ELMo (deep contextualized word representations) in PyTorch."""
 
-from .bilm import BiLM, BiLMOutput
+from .bilm import BiLM, BiLMOutput, CarriedState, StatefulBiLM
 from .characters import batch_to_ids
 from .elmo import Elmo, ElmoOutput
 from .embed import Embedder
@@ -14,11 +14,13 @@ __all__ = [
     "BiLM",
     "BiLMOptions",
     "BiLMOutput",
+    "CarriedState",
     "Elmo",
     "ElmoOutput",
     "Embedder",
     "OptionsError",
     "ScalarMix",
+    "StatefulBiLM",
     "WeightFileError",
     "batch_to_ids",
 ]

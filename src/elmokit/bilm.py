@@ -1,7 +1,15 @@
-"""The bidirectional language model: token encoder, forward and backward LSTM stacks, layers."""
+"""The bidirectional language model: token encoder, forward and backward LSTM stacks, layers.
+
+State is explicit: ``bilm(char_ids, state)`` starts each row's LSTMs from ``state`` (None = the
+model's start state, or zeros for a model without one; ``"zero"`` = zeros) and returns, beside
+the layers, the state each row reached at its last position, which can be the next call's
+``state``. ``StatefulBiLM`` (what ``BiLM.load(..., stateful=True)`` gives) is the one place that
+carries states from call to call, as bilm-tf and AllenNLP do.
+"""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,28 +26,18 @@ from .weights import load_weights, save_weights
 # Longer inputs run through the LSTMs in windows of this many steps (exact; bounds memory).
 DEFAULT_WINDOW = 512
 
+StateArg = LstmState | str | None
+
 
 @dataclass
 class BiLMOutput:
-    """layers: (num_layers + 1, batch, timesteps, 2 * projection_dim); mask: (batch, timesteps)."""
+    """layers: (num_layers + 1, batch, timesteps, 2 * projection_dim); mask: (batch, timesteps);
+    state: each row's LSTM state after its last position (h (n_layers, 2, batch, projection_dim),
+    c (n_layers, 2, batch, dim)), usable as the next call's ``state``."""
 
     layers: torch.Tensor
     mask: torch.Tensor
-
-
-def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
-    """Reverse each row's first ``lengths[b]`` steps, leaving padding at the end.
-
-    x: (batch, timesteps, ...) with the time axis at ``time_dim`` and the batch axis just before it.
-    """
-    steps = x.shape[time_dim]
-    t = torch.arange(steps, device=x.device).unsqueeze(0)
-    n = lengths.to(x.device).unsqueeze(1)
-    index = torch.where(t < n, n - 1 - t, t)  # (batch, timesteps)
-    shape = [1] * x.dim()
-    shape[time_dim - 1], shape[time_dim] = index.shape
-    index = index.view(shape).expand_as(x)
-    return torch.gather(x, time_dim, index)
+    state: LstmState | None = None
 
 
 class BiLM(nn.Module):
@@ -47,32 +45,39 @@ class BiLM(nn.Module):
     original files.
 
     Calling it on char ids (batch, timesteps, max_chars) from ``batch_to_ids`` adds <S> and </S>
-    itself and returns a ``BiLMOutput``. In stateless mode (default) every sentence starts from
-    the same initial state; in stateful mode each batch row's final states become that row's
-    initial states in the next call, as the original does.
+    itself and returns a ``BiLMOutput``. Every call starts from the ``state`` it is given (by
+    default the model's start state), so the same sentence gets the same vectors in any batch.
+    ``start_state`` is the canonical start state read with the weights (h (n_layers, 2,
+    projection_dim), c (n_layers, 2, dim)), or None for zeros.
     """
+
+    def __new__(cls, *args: Any, stateful: bool = False, **kwargs: Any) -> BiLM:
+        if stateful and cls is BiLM:  # the old BiLM(options, stateful=True)
+            warnings.warn(
+                "BiLM(options, stateful=True) is deprecated; use StatefulBiLM(options)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls = StatefulBiLM
+        return super().__new__(cls)
 
     def __init__(self, options: dict[str, Any] | BiLMOptions, stateful: bool = False) -> None:
         super().__init__()
         if not isinstance(options, BiLMOptions):
             options = BiLMOptions.from_dict(options)
         self.options = options
-        self.stateful = stateful
         self.token_encoder = TokenEncoder(options.char_cnn, options.lstm.projection_dim)
         self.lstm = BiLstm(options.lstm.projection_dim, options.lstm)
-        self._carried: LstmState | None = None
-        # The canonical start state of stateless mode: h (n_layers, 2, projection_dim) and
-        # c (n_layers, 2, dim), or None for zeros. Stored with the weights (see weights.py).
         self.start_state: LstmState | None = None
-        self.use_start_state = True
-        self.window: int | None = DEFAULT_WINDOW
         boundary = tokens_to_ids([BOS_TOKEN, EOS_TOKEN], options.char_cnn.max_characters_per_token)
         self.register_buffer("_boundary_ids", boundary, persistent=False)
 
     @classmethod
     def load(cls, options_file: str | Path, weight_file: str | Path, stateful: bool = False) -> BiLM:
-        """Read options.json and an original-format HDF5 weight file; the model is in eval mode."""
-        bilm = cls(BiLMOptions.from_file(options_file), stateful=stateful)
+        """Read options.json and an original-format HDF5 weight file; the model is in eval mode.
+        ``stateful=True`` gives a ``StatefulBiLM`` (states carried between calls)."""
+        model_cls = StatefulBiLM if stateful else cls
+        bilm = model_cls(BiLMOptions.from_file(options_file))
         load_weights(bilm, weight_file)
         return bilm.eval()
 
@@ -86,82 +91,118 @@ class BiLM(nn.Module):
         return self.options.output_dim
 
     @property
+    def stateful(self) -> bool:
+        """Whether calls carry states into the next call (``StatefulBiLM``)."""
+        return False
+
+    @property
     def num_layers(self) -> int:
         """Layers for downstream use: the token layer plus one per LSTM layer."""
         return self.options.num_layers
 
-    def reset_states(self) -> None:
-        """Forget the carried LSTM states (stateful mode starts again from zeros)."""
-        self._carried = None
-
     def encode_tokens(self, tokens: list[str]) -> torch.Tensor:
         """Context-independent token vectors from the char CNN: (n_tokens, projection_dim)."""
+        if isinstance(tokens, str):
+            raise TypeError("encode_tokens takes a list of tokens, not a str")
         if len(tokens) == 0:
             raise ValueError("encode_tokens needs at least one token")
         ids = tokens_to_ids(tokens, self.options.char_cnn.max_characters_per_token)
         return self.token_encoder.encode_unique(ids.to(self._boundary_ids.device))
 
-    def forward(self, char_ids: torch.Tensor, keep_sentence_boundaries: bool = False) -> BiLMOutput:
+    # -- states --------------------------------------------------------------------------------
+    def zero_state(self, batch: int, like: torch.Tensor | None = None) -> LstmState:
+        """All-zero states for ``batch`` rows (on ``like``'s device and dtype)."""
+        zero = self.lstm.zero_state(batch, self._boundary_ids.device)
+        if like is None:
+            return zero
+        return LstmState(zero.h.to(like.device, like.dtype), zero.c.to(like.device, like.dtype))
+
+    def initial_state(self, batch: int, like: torch.Tensor | None = None) -> LstmState:
+        """The state a call starts from by default: ``start_state`` for every row, or zeros."""
+        zero = self.zero_state(batch, like)
+        if self.start_state is None:
+            return zero
+        h, c = (t.to(zero.h.device, zero.h.dtype).unsqueeze(2) for t in self.start_state)
+        return LstmState(h.expand_as(zero.h).contiguous(), c.expand_as(zero.c).contiguous())
+
+    def _resolve_state(self, state: StateArg, batch: int, like: torch.Tensor) -> LstmState:
+        if state is None:
+            return self.initial_state(batch, like)
+        if isinstance(state, str):
+            if state != "zero":
+                raise ValueError(f"state must be an LstmState, None or 'zero', got {state!r}")
+            return self.zero_state(batch, like)
+        opt = self.options.lstm
+        expected = ((opt.n_layers, 2, batch, opt.projection_dim), (opt.n_layers, 2, batch, opt.dim))
+        if (tuple(state.h.shape), tuple(state.c.shape)) != expected:
+            raise ValueError(
+                f"state must have h {expected[0]} and c {expected[1]} for a batch of {batch}, got "
+                f"h {tuple(state.h.shape)} and c {tuple(state.c.shape)}"
+            )
+        return LstmState(state.h.to(like.device, like.dtype), state.c.to(like.device, like.dtype))
+
+    # -- forward -------------------------------------------------------------------------------
+    def forward(
+        self,
+        char_ids: torch.Tensor,
+        state: StateArg = None,
+        keep_sentence_boundaries: bool = False,
+        window: int | None = DEFAULT_WINDOW,
+    ) -> BiLMOutput:
         """char_ids (batch, timesteps, max_chars) -> layers (num_layers + 1, batch, timesteps',
-        2 * projection_dim), timesteps' = timesteps (+ 2 with the boundaries kept)."""
+        2 * projection_dim), timesteps' = timesteps (+ 2 with the boundaries kept), the mask and
+        the final state. ``state``: None (start state), "zero", or an LstmState for the batch."""
+        if isinstance(state, bool):  # the old forward(char_ids, keep_sentence_boundaries)
+            warnings.warn(
+                "pass keep_sentence_boundaries by keyword; the second argument is now state",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            state, keep_sentence_boundaries = None, state
         self._check_input(char_ids)
         ids, lengths = self.add_sentence_boundaries(char_ids)
-        return self.contextualize(self.token_encoder(ids), lengths, keep_sentence_boundaries)
+        return self.contextualize(self.token_encoder(ids), lengths, state, keep_sentence_boundaries, window)
 
     def contextualize(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, keep_sentence_boundaries: bool = False
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        state: StateArg = None,
+        keep_sentence_boundaries: bool = False,
+        window: int | None = DEFAULT_WINDOW,
     ) -> BiLMOutput:
         """Run the LSTMs over token vectors that already include <S> and </S>.
 
         tokens: (batch, steps, projection_dim) from the token encoder; lengths: (batch,) counting
-        the boundaries. Sequences longer than ``window`` steps are processed in windows that carry
-        the LSTM states across (identical results, bounded memory).
+        the boundaries. The LSTMs run on the real positions only (packed): each window of
+        ``window`` steps gathers its tokens straight into the layout of both directions (the
+        backward one reversed) and the outputs are scattered into the result; the state carries
+        across windows, so windowing changes nothing but memory. With autograd the scatter is
+        out of place; without, in place.
         """
-        if not needs_autograd(self.lstm, tokens):
-            return self._contextualize_packed(tokens, lengths, keep_sentence_boundaries)
-        inputs = torch.stack([tokens, reverse_padded(tokens, lengths)])
-        outputs, final = self._run_lstm(inputs, lengths, self._initial_state(tokens.shape[0], tokens))
-        if self.stateful:
-            self._carry(final)
-        backward = reverse_padded(outputs[:, 1], lengths, time_dim=2)
-        lstm_layers = torch.cat([outputs[:, 0], backward], dim=-1)
-        steps = tokens.shape[1]
-        mask = torch.arange(steps, device=tokens.device).unsqueeze(0) < lengths.unsqueeze(1).to(tokens.device)
-        token_layer = torch.cat([tokens, tokens], dim=-1) * mask.unsqueeze(-1).to(tokens.dtype)
-        layers = torch.cat([token_layer.unsqueeze(0), lstm_layers], dim=0)
-        if keep_sentence_boundaries:
-            return BiLMOutput(layers, mask)
-        inner_mask = mask[:, 2:]  # position t holds token t + 1; the last two are never real
-        inner = layers[:, :, 1:-1] * inner_mask.unsqueeze(-1).to(layers.dtype).unsqueeze(0)
-        return BiLMOutput(inner, inner_mask)
-
-    @torch.no_grad()
-    def _contextualize_packed(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, keep_sentence_boundaries: bool
-    ) -> BiLMOutput:
-        """``contextualize`` without autograd, on the real positions only: each window's tokens
-        are gathered straight into the packed layout of both directions (the backward one
-        reversed), and the LSTM outputs are scattered straight into the result."""
         batch, steps, dim = tokens.shape
         device = tokens.device
+        grad = needs_autograd(self.lstm, tokens)
         lengths_cpu = lengths.cpu().clamp(0, steps)
         lengths_dev = lengths_cpu.to(device)
+        state = self._resolve_state(state, batch, tokens)
         first = 0 if keep_sentence_boundaries else 1  # drop <S> and </S> unless kept
         width = max(steps - 2 * first, 0)
         n_layers = self.options.lstm.n_layers
         layers = tokens.new_zeros(n_layers + 1, batch * width * 2, dim)
         flat = tokens.reshape(batch * steps, dim)
-        state = self._initial_state(batch, tokens)
-        window = self.window or steps
+        window = window or steps
         for start in range(0, steps, window):
-            packing = Packing.from_lengths(lengths_cpu - start, min(window, steps - start), device)
+            span = min(window, steps - start)
+            packing = Packing.from_lengths(lengths_cpu - start, span, device)
             if packing.size == 0:
                 break
             rows, t = packing.rows, packing.times + start
             n = lengths_dev[rows]
             forward = flat.index_select(0, rows * steps + t)
             inputs = torch.stack([forward, flat.index_select(0, rows * steps + (n - 1 - t))])
-            packed, state = self.lstm.run_packed(inputs, packing, state)
+            dropout = (batch * span, rows * span + packing.times) if self.training else None
+            packed, state = self.lstm.run_packed(inputs, packing, state, dropout)
             # Result rows: (row * width + position) * 2 + direction.
             target_f = (rows * width + t - first) * 2
             target_b = (rows * width + (n - 1 - t) - first) * 2 + 1
@@ -169,29 +210,18 @@ class BiLM(nn.Module):
                 real = ((t >= first) & (t < n - first)).nonzero(as_tuple=True)[0]
                 target_f, target_b, forward = target_f[real], target_b[real], forward[real]
                 packed = packed.index_select(2, real)
-            layers[0].index_copy_(0, torch.cat([target_f, target_f + 1]), forward.repeat(2, 1))
-            layers[1:].index_copy_(1, torch.cat([target_f, target_b]), packed.flatten(1, 2))
-        if self.stateful:
-            self._carry(state)
+            token_rows, lstm_rows = torch.cat([target_f, target_f + 1]), torch.cat([target_f, target_b])
+            if grad:
+                token_layer = layers[0].index_copy(0, token_rows, forward.repeat(2, 1))
+                lstm_layers = layers[1:].index_copy(1, lstm_rows, packed.flatten(1, 2))
+                layers = torch.cat([token_layer.unsqueeze(0), lstm_layers])
+            else:
+                layers[0].index_copy_(0, token_rows, forward.repeat(2, 1))
+                layers[1:].index_copy_(1, lstm_rows, packed.flatten(1, 2))
         mask = torch.arange(steps, device=device).unsqueeze(0) < lengths_dev.unsqueeze(1)
         if first:
             mask = mask[:, 2:]
-        return BiLMOutput(layers.view(n_layers + 1, batch, width, 2 * dim), mask)
-
-    def _run_lstm(
-        self, inputs: torch.Tensor, lengths: torch.Tensor, state: LstmState
-    ) -> tuple[torch.Tensor, LstmState]:
-        """inputs (2, batch, steps, dim) -> (n_layers, 2, batch, steps, proj), in time windows."""
-        steps = inputs.shape[2]
-        if self.window is None or steps <= self.window:
-            return self.lstm(inputs, lengths, state)
-        pieces = []
-        for start in range(0, steps, self.window):
-            chunk = inputs[:, :, start : start + self.window]
-            chunk_lengths = (lengths - start).clamp(0, chunk.shape[2])
-            out, state = self.lstm(chunk, chunk_lengths, state)
-            pieces.append(out)
-        return torch.cat(pieces, dim=3), state
+        return BiLMOutput(layers.view(n_layers + 1, batch, width, 2 * dim), mask, state)
 
     def _check_input(self, char_ids: torch.Tensor) -> None:
         max_chars = self.options.char_cnn.max_characters_per_token
@@ -215,30 +245,71 @@ class BiLM(nn.Module):
         ids[torch.arange(batch, device=ids.device), lengths + 1] = self._boundary_ids[1]
         return ids, lengths + 2
 
-    def _initial_state(self, batch: int, like: torch.Tensor) -> LstmState:
-        zero = self.lstm.zero_state(batch, like.device)
-        zero = LstmState(zero.h.to(like.dtype), zero.c.to(like.dtype))
-        if not self.stateful:
-            if self.start_state is None or not self.use_start_state:
-                return zero
-            h, c = (t.to(like.device, like.dtype).unsqueeze(2) for t in self.start_state)
-            return LstmState(h.expand_as(zero.h).contiguous(), c.expand_as(zero.c).contiguous())
-        if self._carried is None:
+
+class CarriedState:
+    """bilm-tf's stateful semantics, the one place they live: each batch row's final state is
+    that row's initial state in the next call; when a call has fewer rows than an earlier one,
+    the rows beyond it keep their states; rows never seen start from zeros.
+
+    ``initial(bilm, batch, like)`` gives the state to pass to a call; ``update(out.state)``
+    records its result; ``reset()`` forgets everything."""
+
+    def __init__(self) -> None:
+        self.state: LstmState | None = None
+
+    def reset(self) -> None:
+        self.state = None
+
+    def initial(self, bilm: BiLM, batch: int, like: torch.Tensor | None = None) -> LstmState:
+        zero = bilm.zero_state(batch, like)
+        if self.state is None:
             return zero
-        carried = self._carried
-        rows = min(batch, carried.h.shape[2])
-        h = torch.cat([carried.h[:, :, :rows], zero.h[:, :, rows:]], dim=2)
-        c = torch.cat([carried.c[:, :, :rows], zero.c[:, :, rows:]], dim=2)
+        rows = min(batch, self.state.h.shape[2])
+        h = torch.cat([self.state.h[:, :, :rows].to(zero.h), zero.h[:, :, rows:]], dim=2)
+        c = torch.cat([self.state.c[:, :, :rows].to(zero.c), zero.c[:, :, rows:]], dim=2)
         return LstmState(h, c)
 
-    def _carry(self, final: LstmState) -> None:
-        """Store each row's final state; rows beyond this batch keep their previous state."""
+    def update(self, final: LstmState) -> None:
         final = final.detach()
         batch = final.h.shape[2]
-        old = self._carried
+        old = self.state
         if old is not None and old.h.shape[2] > batch:
             final = LstmState(
-                torch.cat([final.h, old.h[:, :, batch:]], dim=2),
-                torch.cat([final.c, old.c[:, :, batch:]], dim=2),
+                torch.cat([final.h, old.h[:, :, batch:].to(final.h)], dim=2),
+                torch.cat([final.c, old.c[:, :, batch:].to(final.c)], dim=2),
             )
-        self._carried = final
+        self.state = final
+
+
+class StatefulBiLM(BiLM):
+    """A BiLM that carries each batch row's final LSTM states into the next call (``CarriedState``),
+    starting from zeros, exactly as bilm-tf and AllenNLP do; ``reset_states()`` starts again.
+    Passing ``state`` explicitly bypasses (and does not update) the carried states."""
+
+    def __init__(self, options: dict[str, Any] | BiLMOptions, stateful: bool = True) -> None:
+        super().__init__(options)
+        self.carried = CarriedState()
+
+    @property
+    def stateful(self) -> bool:
+        return True
+
+    def reset_states(self) -> None:
+        """Forget the carried LSTM states (the next call starts from zeros)."""
+        self.carried.reset()
+
+    def forward(  # type: ignore[override]
+        self,
+        char_ids: torch.Tensor,
+        state: StateArg = None,
+        keep_sentence_boundaries: bool = False,
+        window: int | None = DEFAULT_WINDOW,
+    ) -> BiLMOutput:
+        if isinstance(state, bool):
+            return super().forward(char_ids, state)
+        if state is not None:
+            return super().forward(char_ids, state, keep_sentence_boundaries, window)
+        initial = self.carried.initial(self, char_ids.shape[0], self.lstm.layers[0].weight_hidden)
+        out = super().forward(char_ids, initial, keep_sentence_boundaries, window)
+        self.carried.update(out.state)
+        return out

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .bilm import BiLM
+from .bilm import BiLM, CarriedState
 from .scalar_mix import ScalarMix
 
 
@@ -25,8 +25,16 @@ class Elmo(nn.Module):
     """Compute ``num_output_representations`` learned mixes of the biLM layers, with dropout.
 
     Build it from the original files (``Elmo(options_file, weight_file, n)``) or from a BiLM you
-    already have (``Elmo(bilm=model, num_output_representations=n)``). The biLM is frozen unless
-    ``requires_grad``; each mix's weights and gamma are trained with the task model.
+    already have (``Elmo(bilm=model, num_output_representations=n)``); each mix's weights and
+    gamma are trained with the task model.
+
+    ``requires_grad=False`` (default): no gradient reaches the biLM, because Elmo runs it under
+    ``torch.no_grad()``. A biLM that Elmo loads itself is also frozen (its parameters get
+    ``requires_grad=False``); a biLM you pass in is left exactly as it is.
+
+    ``stateful``: None (default) follows the biLM (a ``StatefulBiLM`` carries states, a BiLM
+    does not); True carries each row's states into the next call (Elmo keeps them, not the
+    biLM); False starts every call from the biLM's start state.
     """
 
     def __init__(
@@ -38,7 +46,7 @@ class Elmo(nn.Module):
         requires_grad: bool = False,
         do_layer_norm: bool = False,
         keep_sentence_boundaries: bool = False,
-        stateful: bool = False,
+        stateful: bool | None = None,
         *,
         bilm: BiLM | None = None,
         scalar_mix_parameters: list[float] | None = None,
@@ -47,17 +55,18 @@ class Elmo(nn.Module):
         if bilm is None:
             if options_file is None or weight_file is None:
                 raise ValueError("give options_file and weight_file, or bilm=")
-            bilm = BiLM.load(options_file, weight_file, stateful=stateful)
+            bilm = BiLM.load(options_file, weight_file)
+            bilm.requires_grad_(requires_grad)  # Elmo's own biLM
         elif options_file is not None or weight_file is not None:
             raise ValueError("give either options_file and weight_file or bilm=, not both")
-        else:
-            bilm.stateful = stateful
         if num_output_representations < 1:
             raise ValueError(
                 f"num_output_representations must be at least 1, got {num_output_representations}"
             )
         self.bilm = bilm
-        self.bilm.requires_grad_(requires_grad)
+        self.requires_grad = requires_grad
+        self.stateful = stateful
+        self.carried = CarriedState() if stateful and not bilm.stateful else None
         self.keep_sentence_boundaries = keep_sentence_boundaries
         self.dropout = nn.Dropout(dropout)
         trainable = scalar_mix_parameters is None
@@ -75,8 +84,24 @@ class Elmo(nn.Module):
     def output_dim(self) -> int:
         return self.bilm.output_dim
 
+    def reset_states(self) -> None:
+        """Forget carried states (stateful Elmo, or a StatefulBiLM)."""
+        if self.carried is not None:
+            self.carried.reset()
+        if self.bilm.stateful:
+            self.bilm.reset_states()
+
     def forward(self, char_ids: torch.Tensor) -> ElmoOutput:
         """char_ids (batch, timesteps, max_chars) from ``batch_to_ids`` -> ElmoOutput."""
-        out = self.bilm(char_ids, keep_sentence_boundaries=self.keep_sentence_boundaries)
+        batch = char_ids.shape[0]
+        state = None
+        if self.carried is not None:
+            state = self.carried.initial(self.bilm, batch, self.bilm.lstm.layers[0].weight_hidden)
+        elif self.stateful is False and self.bilm.stateful:
+            state = self.bilm.initial_state(batch, self.bilm.lstm.layers[0].weight_hidden)
+        with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
+            out = self.bilm(char_ids, state, keep_sentence_boundaries=self.keep_sentence_boundaries)
+        if self.carried is not None:
+            self.carried.update(out.state)
         representations = [self.dropout(mix(out.layers, out.mask)) for mix in self.scalar_mixes]
         return ElmoOutput(representations, out.mask)

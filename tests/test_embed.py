@@ -212,3 +212,58 @@ def test_bfloat16_vectors_track_float32_and_bad_dtype_is_refused(bilm, sentences
     assert not torch.equal(a, b)  # it did run in another precision
     with pytest.raises(ValueError, match="dtype must be one of"):
         Embedder(bilm, dtype="half")
+
+
+def test_embed_file_never_replaces_an_output_that_appeared_meanwhile(tmp_path, bilm, sentences):
+    src = write_lines(tmp_path / "in.txt", [" ".join(s) for s in sentences[:4]])
+    out = tmp_path / "out.hdf5"
+    embedder = Embedder(bilm, batch_size=2)
+
+    def racing(batch):  # another run writes OUTPUT while this one embeds
+        if not out.exists():
+            out.write_bytes(b"the other run's result")
+        return original(batch)
+
+    original, embedder.embed_batch = embedder.embed_batch, racing
+    with pytest.raises(FileExistsError, match="appeared while it was being written"):
+        embedder.embed_file(src, out, progress=False)
+    assert out.read_bytes() == b"the other run's result"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.hdf5"]  # no temporary left
+
+
+def test_embed_file_output_follows_the_umask_and_a_bom_is_not_a_token(tmp_path, bilm, sentences):
+    import os
+
+    text = " ".join(sentences[0])
+    plain = write_lines(tmp_path / "plain.txt", [text])
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text.encode() + b"\n")
+    embedder = Embedder(bilm)
+    old = os.umask(0o022)
+    try:
+        embedder.embed_file(plain, tmp_path / "a.hdf5", progress=False)
+        embedder.embed_file(str(tmp_path / "bom.txt"), tmp_path / "b.hdf5", progress=False)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.hdf5").stat().st_mode & 0o777 == 0o644
+    with h5py.File(tmp_path / "a.hdf5") as a, h5py.File(tmp_path / "b.hdf5") as b:
+        np.testing.assert_array_equal(a["0"][...], b["0"][...])
+        assert json.loads(b["sentence_to_index"][0]) == {text: "0"}
+
+
+def test_embed_file_reads_a_pipe(tmp_path, bilm, sentences):
+    import os
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    lines = [" ".join(s) for s in sentences[:3]]
+
+    def feed():
+        with open(fifo, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    summary = Embedder(bilm).embed_file(str(fifo), tmp_path / "out.hdf5", progress=False)
+    writer.join()
+    assert summary.sentences == 3

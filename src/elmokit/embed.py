@@ -7,6 +7,7 @@ next batch as bilm-tf and AllenNLP do (file order is kept, since order defines t
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ import time
 from array import array as typed_array
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +24,10 @@ import h5py
 import numpy as np
 import torch
 
-from .bilm import BiLM
+from .atomic import atomic_path
+from .bilm import BiLM, CarriedState
 from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
+from .lstm import LstmState
 from .pretrained import DEFAULT_MODEL, model_files
 
 MODES = ("warm", "zero", "stateful")
@@ -155,6 +159,17 @@ def _device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
+@contextmanager
+def _evaluating(module: torch.nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode (no dropout) and give it back in the mode it had."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
 @dataclass
 class EmbedSummary:
     """What an embed_file run did."""
@@ -178,7 +193,8 @@ class Embedder:
     ``max_tokens_per_batch`` tokens (padding included). ``dtype`` "bfloat16" (or "bf16", or
     ``torch.bfloat16``) runs the model in bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with
     AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (README, "Speed");
-    float32 is the default. A BiLM passed in is moved to ``device`` and ``dtype`` in place.
+    float32 is the default. A BiLM passed in is never changed: when it is on another device or
+    dtype the Embedder runs a copy, and it runs in eval mode only for the duration of a batch.
     """
 
     def __init__(
@@ -207,11 +223,16 @@ class Embedder:
             bilm = BiLM.load(*model_files(DEFAULT_MODEL if model is None else model))
         if device is None:
             device = "cuda" if torch.cuda.is_available() else _device(bilm)
-        self.bilm = bilm.to(device=device, dtype=dtype).eval()
-        self.bilm.stateful = mode == "stateful"
-        self.bilm.use_start_state = mode == "warm"
+        weight = next(bilm.parameters())
+        if weight.device != torch.device(device) or weight.dtype != dtype:
+            # a model handed in is never changed: run a copy on the requested device and dtype
+            bilm = (copy.deepcopy(bilm) if bilm is model else bilm).to(device=device, dtype=dtype)
+        if bilm is not model:
+            bilm.eval()
+        self.bilm = bilm
         self.mode, self.batch_size = mode, batch_size
         self.max_tokens_per_batch = max_tokens_per_batch
+        self.carried = CarriedState() if mode == "stateful" else None
         self.cache = TokenCache(self.bilm, token_cache_size)
 
     @property
@@ -234,8 +255,26 @@ class Embedder:
         for row, seq in enumerate(sequences):
             tokens[row, : len(seq)] = torch.stack(vectors[offset : offset + len(seq)])
             offset += len(seq)
-        layers = self.bilm.contextualize(tokens, lengths).layers.float().cpu().numpy()
+        with _evaluating(self.bilm):
+            out = self.bilm.contextualize(tokens, lengths, self._initial_state(len(sentences), tokens))
+        if self.carried is not None:
+            self.carried.update(out.state)
+        layers = out.layers.float().cpu().numpy()
         return [layers[:, row, : len(s)] for row, s in enumerate(sentences)]
+
+    def _initial_state(self, batch: int, like: torch.Tensor) -> LstmState:
+        """Where each sentence of a batch starts: the start state (warm), zeros, or the states
+        carried from the previous batch (stateful)."""
+        if self.carried is not None:
+            return self.carried.initial(self.bilm, batch, like)
+        if self.mode == "zero":
+            return self.bilm.zero_state(batch, like)
+        return self.bilm.initial_state(batch, like)
+
+    def reset_states(self) -> None:
+        """Stateful mode: forget the carried states (the next batch starts from zeros)."""
+        if self.carried is not None:
+            self.carried.reset()
 
     def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
         """(num_layers, n_tokens, dim) for one tokenized sentence."""
@@ -314,11 +353,9 @@ class Embedder:
         lines = _read_lines(input_path)
         total = _count_lines(input_path)
         split = _tokenizer(tokenize)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-        os.close(fd)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
-        try:
+        with atomic_path(output, overwrite) as tmp_name:
             with (
                 h5py.File(tmp_name, "w") as out,
                 _progress(progress, total) as bar,
@@ -345,10 +382,6 @@ class Embedder:
                 if sentence_index:
                     _release_free_memory()  # the JSON is written at once: do not add to the peak
                     out.create_dataset("sentence_to_index", data=[index.to_json()], dtype=h5py.string_dtype())
-            os.replace(tmp_name, output)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
 
     def embed_tokens_file(
@@ -368,14 +401,8 @@ class Embedder:
                 self.bilm.encode_tokens(tokens[i : i + 4096]).float().cpu().numpy()
                 for i in range(0, len(tokens), 4096)
             ]
-        tmp = output.with_name(f".{output.name}.tmp")
-        try:
-            with h5py.File(tmp, "w") as out:
-                out.create_dataset("embedding", data=np.concatenate(vectors))
-            os.replace(tmp, output)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with atomic_path(output, overwrite) as tmp, h5py.File(tmp, "w") as out:
+            out.create_dataset("embedding", data=np.concatenate(vectors))
         return len(tokens)
 
 
@@ -401,11 +428,13 @@ def _select_layers(array: np.ndarray, layers: str) -> np.ndarray:
 
 
 def _read_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Lines of a UTF-8 file (or stdin for "-"), without line ends; invalid UTF-8 is an error
-    naming the line."""
+    """Lines of a UTF-8 file (or stdin for "-"), without line ends or a byte-order mark; invalid
+    UTF-8 is an error naming the line."""
     handle = sys.stdin.buffer if str(path) == "-" else open(path, "rb")  # noqa: SIM115
     try:
         for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
             try:
                 yield raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as err:
@@ -419,8 +448,12 @@ def _count_lines(path: str | os.PathLike) -> int | None:
     if str(path) == "-":
         return None
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"input file not found: {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"input is a folder, not a file: {path}")
+    if not path.is_file():  # a pipe, e.g. <(command): read once, no total
+        return None
     count, last = 0, b"\n"
     with open(path, "rb") as f:
         while block := f.read(1 << 20):

@@ -85,3 +85,9 @@ def test_scalar_mix_parameters_are_plain_parameters():
     names = dict(mix.named_parameters())
     assert set(names) == {"scalar_parameters", "gamma"}
     assert all(type(p) is torch.nn.Parameter for p in names.values())
+
+
+def test_scalar_mix_layer_norm_of_an_all_masked_batch_is_zero_not_nan():
+    mix = ScalarMix(3, do_layer_norm=True)
+    out = mix(torch.randn(3, 2, 4, 5), torch.zeros(2, 4, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros(2, 4, 5))

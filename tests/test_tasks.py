@@ -102,6 +102,13 @@ def test_conll2003_reader_keeps_iob1_and_skips_docstart(tmp_path):
     assert bioes_to_iob1(iob1_to_bioes(sentences[2].tags)) == ["O", "I-MISC", "I-MISC"]
 
 
+def test_readers_drop_a_byte_order_mark(tmp_path):
+    plain = read_conll2003(write(tmp_path / "a.conll", CONLL))
+    path = tmp_path / "bom.conll"
+    path.write_bytes(b"\xef\xbb\xbf" + CONLL.encode("utf-8"))
+    assert read_conll2003(path) == plain
+
+
 def test_spans_read_tags_like_seqeval_default_mode():
     from seqeval.metrics.sequence_labeling import get_entities
 

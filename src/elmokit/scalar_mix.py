@@ -64,7 +64,10 @@ class ScalarMix(nn.Module):
 
 
 def _masked_layer_norm(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) with one mean/variance over all unmasked elements of x."""
+    """(x - mean) / sqrt(var + eps) with one mean/variance over all unmasked elements of x;
+    zeros when every position is masked (there is nothing to normalize)."""
+    if not bool(mask.any()):
+        return torch.zeros_like(x)
     m = mask.unsqueeze(-1).to(x.dtype)
     count = m.sum() * x.shape[-1]
     mean = (x * m).sum() / count

@@ -42,7 +42,8 @@ class LabeledSentence:
 
 
 def _lines(path: str | os.PathLike) -> list[str]:
-    with open(path, encoding="utf-8") as f:
+    """The file's lines without line ends (a UTF-8 byte-order mark is dropped)."""
+    with open(path, encoding="utf-8-sig") as f:
         return [line.rstrip("\r\n") for line in f]
 
 

@@ -109,6 +109,25 @@ def test_readers_drop_a_byte_order_mark(tmp_path):
     assert read_conll2003(path) == plain
 
 
+def test_readers_name_a_file_of_the_wrong_format(tmp_path):
+    conllu, sst = write(tmp_path / "a.conllu", CONLLU), write(tmp_path / "a.txt", SST)
+    with pytest.raises(ValueError, match=r"a.conllu: line 1: .*looks like CoNLL-U"):
+        read_conll2003(conllu)
+    with pytest.raises(ValueError, match=r"a.txt: line 1: .*looks like SST trees"):
+        read_conll2003(sst)
+    with pytest.raises(ValueError, match=r"pos.conll: line 1: 'NNP' is not an NER tag"):
+        read_conll2003(write(tmp_path / "pos.conll", "EU NNP\nrejects VBZ\n"))
+    with pytest.raises(ValueError, match=r"a.txt: line 1: expected 10 tab-separated .*SST"):
+        read_conllu(sst)
+    with pytest.raises(ValueError, match=r"b.conllu: line 2: empty FORM"):
+        read_conllu(write(tmp_path / "b.conllu", "1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_\n2\t\t_\tX\t_\t_\t1\tdep\t_\t_\n"))
+    with pytest.raises(ValueError, match=r"line 2: more than one tree"):
+        read_sst(write(tmp_path / "two.txt", "(1 (2 Not) (1 good))\n(2 (2 a) (2 b)) (3 (3 c) (2 d))\n"))
+    # tokens "(" and "#" in a real CoNLL-2003 file are words, not another format
+    ok = read_conll2003(write(tmp_path / "ok.conll", "( ( O O\n# # O O\nEU NNP B-NP B-ORG\n"))
+    assert ok[0].tokens == ["(", "#", "EU"]
+
+
 def test_spans_read_tags_like_seqeval_default_mode():
     from seqeval.metrics.sequence_labeling import get_entities
 

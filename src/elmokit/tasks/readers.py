@@ -47,9 +47,24 @@ def _lines(path: str | os.PathLike) -> list[str]:
         return [line.rstrip("\r\n") for line in f]
 
 
+def _other_format(line: str) -> str | None:
+    """The name of the data format a line of a wrong file belongs to, if it is recognisable."""
+    fields = line.split("\t")
+    if re.match(r"#\s*[\w.-]+\s*=", line) or (len(fields) == 10 and re.fullmatch(r"\d+([-.]\d+)?", fields[0])):
+        return "CoNLL-U (use it with task pos)"
+    if re.match(r"\s*\(\d", line):
+        return "SST trees (use it with task sentiment)"
+    return None
+
+
+_NER_TAG = re.compile(r"O|[BIES]-\S+")
+
+
 def read_conll2003(path: str | os.PathLike, column: int = -1) -> list[TaggedSentence]:
     """Sentences of a CoNLL-2003 file: tokens (column 0) and tags (``column``, default the last,
-    NER) exactly as written (IOB1 in the original files). ``-DOCSTART-`` lines are skipped."""
+    NER) exactly as written: IOB1 as in the original files, or IOB2/BIOES. ``-DOCSTART-`` lines
+    are skipped. A line of another format (CoNLL-U, SST) or a last column that is not an NER tag
+    is an error naming the file and line."""
     sentences: list[TaggedSentence] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -68,8 +83,15 @@ def read_conll2003(path: str | os.PathLike, column: int = -1) -> list[TaggedSent
         if fields[0] == "-DOCSTART-":
             flush()
             continue
+        other = _other_format(line)
+        if other:
+            raise ValueError(f"{path}: line {number}: this is not a CoNLL-2003 file; it looks like {other}")
         if len(fields) < 2:
             raise ValueError(f"{path}: line {number}: expected 'word ... TAG', got {line!r}")
+        if column == -1 and not _NER_TAG.fullmatch(fields[-1]):
+            raise ValueError(
+                f"{path}: line {number}: {fields[-1]!r} is not an NER tag (O, B-X, I-X, E-X or S-X)"
+            )
         tokens.append(fields[0])
         tags.append(fields[column])
     flush()
@@ -96,9 +118,14 @@ def read_conllu(path: str | os.PathLike, column: int = UPOS) -> list[TaggedSente
             continue
         fields = line.split("\t")
         if len(fields) != 10:
-            raise ValueError(f"{path}: line {number}: expected 10 tab-separated columns, got {len(fields)}")
+            hint = " (an SST tree file? use it with task sentiment)" if re.match(r"\s*\(\d", line) else ""
+            raise ValueError(
+                f"{path}: line {number}: expected 10 tab-separated CoNLL-U columns, got {len(fields)}{hint}"
+            )
         if "-" in fields[0] or "." in fields[0]:
             continue
+        if not fields[1]:
+            raise ValueError(f"{path}: line {number}: empty FORM (column 2)")
         tokens.append(fields[1])
         tags.append(fields[column])
     if tokens:
@@ -128,6 +155,8 @@ def parse_sst_tree(line: str) -> tuple[str, list[str]]:
             depth -= 1
             if depth < 0:
                 raise ValueError(f"unbalanced brackets: {line[:60]!r}")
+            if depth == 0 and i < len(parts) - 1:
+                raise ValueError(f"more than one tree on the line: {line[:60]!r}")
         elif parts[i - 1] != "(":  # an atom right after "(" is a node label, any other is a word
             word = _PTB_ESCAPES.get(part, part).replace("\\/", "/").replace("\\*", "*")
             words.append(word)

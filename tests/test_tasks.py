@@ -35,6 +35,7 @@ from elmokit.tasks import (
     spans,
 )
 from elmokit.tasks.cli import main as task_main
+from elmokit.tasks.readers import from_bioes, tag_scheme
 
 CONLL = """-DOCSTART- -X- O O
 
@@ -126,6 +127,16 @@ def test_readers_name_a_file_of_the_wrong_format(tmp_path):
     # tokens "(" and "#" in a real CoNLL-2003 file are words, not another format
     ok = read_conll2003(write(tmp_path / "ok.conll", "( ( O O\n# # O O\nEU NNP B-NP B-ORG\n"))
     assert ok[0].tokens == ["(", "#", "EU"]
+
+
+def test_tag_scheme_detection_and_conversion_from_bioes():
+    iob1 = [["I-PER", "B-PER", "O", "I-LOC", "I-LOC"]]
+    iob2 = [["B-PER", "B-PER", "O", "B-LOC", "I-LOC"]]
+    bioes = [["S-PER", "S-PER", "O", "B-LOC", "E-LOC"]]
+    assert [tag_scheme(t) for t in (iob1, iob2, bioes)] == ["IOB1", "IOB2", "BIOES"]
+    assert tag_scheme([["O", "O"]]) == "IOB1"
+    for scheme, tags in zip(("IOB1", "IOB2", "BIOES"), (iob1, iob2, bioes)):
+        assert from_bioes(bioes[0], scheme) == tags[0]
 
 
 def test_spans_read_tags_like_seqeval_default_mode():
@@ -398,6 +409,26 @@ def test_ner_end_to_end_with_tiny_elmo_and_reload(tmp_path):
     assert trained.predict([[r[0] for r in s] for s in rows]) == predicted
     with pytest.raises(ValueError, match="SHA-256"):
         TrainedTask.load(out, elmo=copy_model(tmp_path / "other", change=True))
+    saved = json.loads((out / "model.json").read_text())
+    del saved["elmo"]["weights_sha256"]
+    (out / "model.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="does not record the SHA-256"):
+        TrainedTask.load(out)
+
+
+def test_ner_predictions_are_written_in_the_scheme_of_the_input(tmp_path):
+    rng = random.Random(4)
+    iob2 = [(t, from_bioes(iob1_to_bioes(g), "IOB2")) for t, g in toy_ner(rng, 24)]
+    files = {s: write_conll(tmp_path / f"{s}.txt", iob2) for s in ("train", "dev", "test")}
+    out = tmp_path / "out"
+    argv = ["task", "ner", "--train", files["train"], "--dev", files["dev"], "--test", files["test"]]
+    argv += ["--no-elmo", "--epochs", "8", "--hidden", "16", "--out", str(out), "--quiet"]
+    assert elmokit_main(argv) == 0
+    assert json.loads((out / "model.json").read_text())["config"]["tag_scheme"] == "IOB2"
+    rows = [line.split() for line in (out / "test.predictions.txt").read_text().splitlines() if line]
+    predicted = [r[2] for r in rows]
+    assert any(tag.startswith("B-") for tag in predicted)  # chunks start with B-, as in IOB2
+    assert all(not (p == "O" and t.startswith("I-")) for p, t in zip(["O", *predicted], predicted))
 
 
 def test_pos_end_to_end_and_training_rounds(tmp_path):

@@ -26,6 +26,9 @@ __all__ = [
     "spans",
     "spans_to_iob1",
     "spans_to_bioes",
+    "spans_to_iob2",
+    "tag_scheme",
+    "from_bioes",
 ]
 
 
@@ -50,7 +53,8 @@ def _lines(path: str | os.PathLike) -> list[str]:
 def _other_format(line: str) -> str | None:
     """The name of the data format a line of a wrong file belongs to, if it is recognisable."""
     fields = line.split("\t")
-    if re.match(r"#\s*[\w.-]+\s*=", line) or (len(fields) == 10 and re.fullmatch(r"\d+([-.]\d+)?", fields[0])):
+    conllu_row = len(fields) == 10 and re.fullmatch(r"\d+([-.]\d+)?", fields[0])
+    if re.match(r"#\s*[\w.-]+\s*=", line) or conllu_row:
         return "CoNLL-U (use it with task pos)"
     if re.match(r"\s*\(\d", line):
         return "SST trees (use it with task sentiment)"
@@ -253,6 +257,42 @@ def spans_to_bioes(chunks: Sequence[tuple[str, int, int]], length: int) -> list[
             tags[i] = f"I-{kind}"
         tags[last] = f"E-{kind}"
     return tags
+
+
+def spans_to_iob2(chunks: Sequence[tuple[str, int, int]], length: int) -> list[str]:
+    """IOB2 tags: B-X on the first token of every chunk, I-X on the others."""
+    tags = ["O"] * length
+    for kind, first, last in chunks:
+        tags[first] = f"B-{kind}"
+        for i in range(first + 1, last + 1):
+            tags[i] = f"I-{kind}"
+    return tags
+
+
+TAG_SCHEMES = ("IOB1", "IOB2", "BIOES")
+
+
+def tag_scheme(tag_lists: Sequence[Sequence[str]]) -> str:
+    """The scheme a data set's NER tags are written in: BIOES if any E-/S- tag, IOB2 if a B- tag
+    starts a chunk after O or at a sentence start (IOB1 writes I- there), else IOB1."""
+    iob2 = False
+    for tags in tag_lists:
+        previous = "O"
+        for tag in tags:
+            prefix = _split(tag)[0]
+            if prefix in ("E", "S"):
+                return "BIOES"
+            iob2 = iob2 or (prefix == "B" and previous == "O")
+            previous = prefix
+    return "IOB2" if iob2 else "IOB1"
+
+
+def from_bioes(tags: Sequence[str], scheme: str) -> list[str]:
+    """The chunks of a (possibly ill-formed) BIOES sequence written in ``scheme``."""
+    chunks = spans(tags)
+    if scheme == "BIOES":
+        return spans_to_bioes(chunks, len(tags))
+    return (spans_to_iob2 if scheme == "IOB2" else spans_to_iob1)(chunks, len(tags))
 
 
 def iob1_to_bioes(tags: Sequence[str]) -> list[str]:

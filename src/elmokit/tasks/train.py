@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..atomic import write_bytes, write_json
 from ..bilm import BiLM
 from ..characters import batch_to_ids, token_to_ids
 from ..elmo import Elmo
@@ -34,11 +35,12 @@ from .cache import CachedLayers, LayerCache, file_sha256
 from .crf import bioes_constraints
 from .models import Batch, Classifier, ModelConfig, Tagger
 from .readers import (
-    bioes_to_iob1,
+    from_bioes,
     iob1_to_bioes,
     read_conll2003,
     read_conllu,
     read_sst,
+    tag_scheme,
 )
 
 __all__ = ["TASKS", "TaskConfig", "TrainedTask", "cache_layers", "entity_scores", "run_task"]
@@ -87,6 +89,7 @@ class TaskConfig:
     threads: int | None = 1  # torch CPU threads during the run (None: leave torch's setting)
     word_dropout: float = 0.5  # chance of replacing a training-set singleton by <unk>
     progress: bool = True
+    tag_scheme: str = "IOB1"  # NER: the training file's scheme, which predictions are written in
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -340,8 +343,8 @@ def _predict(model, data: Encoded, labels: list[str], config: TaskConfig, batch_
             batch = make_batch(data, index, tagging, config.fine_tune_elmo)
             for i, pred in zip(index, model.predict(batch)):
                 out[i] = [labels[j] for j in pred] if tagging else labels[pred]
-    if config.task == "ner":
-        out = [bioes_to_iob1(tags) for tags in out]  # the chunks as conlleval reads them, in IOB1
+    if config.task == "ner":  # the chunks as conlleval reads them, in the data's scheme
+        out = [from_bioes(tags, config.tag_scheme) for tags in out]
     return out
 
 
@@ -388,6 +391,8 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
     task, tagging = config.task, config.task != "sentiment"
 
     train_all = read_task_data(task, config.train, config.binary)
+    if task == "ner":
+        config.tag_scheme = tag_scheme([ex.gold for ex in train_all])
     dev = read_task_data(task, config.dev, config.binary)
     test = read_task_data(task, config.test, config.binary)
     if not train_all or not dev or not test:
@@ -553,7 +558,7 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
         "config": config_dict,
         "command": command,
     }
-    _write_json(out / "metrics.json", metrics)
+    write_json(out / "metrics.json", metrics)
     log(
         f"{task} {metric}: dev {metrics['dev']:.2f}, test {metrics['test']:.2f} (best epoch {best_epoch}); "
         f"{metrics['cpu_seconds']:.0f} CPU s, {metrics['wall_seconds']:.0f} wall s -> {out / 'metrics.json'}"
@@ -562,12 +567,6 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
 
 
 # -- model files ------------------------------------------------------------------------------
-def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def save_model(
     out: Path, model: torch.nn.Module, config: dict, words: list[str], labels: list[str], elmo: dict
 ) -> None:
@@ -576,10 +575,8 @@ def save_model(
     from safetensors.torch import save
 
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
-    tmp = out / ".model.safetensors.tmp"
-    tmp.write_bytes(save(state, metadata={"format": MODEL_FORMAT}))
-    os.replace(tmp, out / "model.safetensors")
-    _write_json(
+    write_bytes(out / "model.safetensors", save(state, metadata={"format": MODEL_FORMAT}))
+    write_json(
         out / "model.json",
         {"format": MODEL_FORMAT, "config": config, "words": words, "labels": labels, "elmo": elmo},
     )
@@ -588,7 +585,7 @@ def save_model(
 class TrainedTask:
     """A model written by ``run_task``: ``TrainedTask.load(out_dir).predict(token_lists)``.
 
-    Tags come back in the data set's scheme (NER: IOB1); sentiment gives one label per sentence.
+    Tags come back in the training data's scheme (NER: IOB1, IOB2 or BIOES); sentiment gives one label per sentence.
     A model trained with ELMo needs its biLM: the folder it was trained with, or ``elmo=`` another
     path to the same files (checked by SHA-256). With a frozen biLM the layers are computed on
     the fly (no cache)."""
@@ -614,8 +611,13 @@ class TrainedTask:
             if elmo is not None:
                 config.elmo = str(elmo)
             options_file, weights_file = model_files(config.elmo)
-            expected = saved["elmo"].get("weights_sha256")
-            if expected and file_sha256(weights_file) != expected:
+            expected = saved.get("elmo", {}).get("weights_sha256")
+            if not expected:
+                raise ValueError(
+                    f"{folder / 'model.json'} does not record the SHA-256 of its biLM's weights, so "
+                    "the biLM cannot be checked; retrain or add elmo.weights_sha256"
+                )
+            if file_sha256(weights_file) != expected:
                 raise ValueError(
                     f"{weights_file} is not the biLM this model was trained with (SHA-256 differs)"
                 )
@@ -645,5 +647,5 @@ class TrainedTask:
                 for i, pred in zip(index, self.model.predict(batch)):
                     out[i] = [self.labels[j] for j in pred] if tagging else self.labels[pred]
         if config.task == "ner":
-            out = [bioes_to_iob1(tags) for tags in out]
+            out = [from_bioes(tags, self.config.tag_scheme) for tags in out]
         return out

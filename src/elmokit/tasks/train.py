@@ -585,7 +585,8 @@ def save_model(
 class TrainedTask:
     """A model written by ``run_task``: ``TrainedTask.load(out_dir).predict(token_lists)``.
 
-    Tags come back in the training data's scheme (NER: IOB1, IOB2 or BIOES); sentiment gives one label per sentence.
+    Tags come back in the training data's scheme (NER: IOB1, IOB2 or BIOES); sentiment gives one
+    label per sentence.
     A model trained with ELMo needs its biLM: the folder it was trained with, or ``elmo=`` another
     path to the same files (checked by SHA-256). With a frozen biLM the layers are computed on
     the fly (no cache)."""

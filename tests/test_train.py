@@ -12,21 +12,14 @@ import pytest
 import torch
 
 from elmokit import BiLM
+from elmokit.checkpoints import latest_checkpoint, load_checkpoint_file
 from elmokit.data import BidirectionalLMBatches, Vocabulary, count_tokens
+from elmokit.evaluate import evaluate_perplexity
+from elmokit.export import export_model, load_language_model
+from elmokit.language_model import LanguageModel
+from elmokit.launch import launch, run_processes
 from elmokit.options import preset
-from elmokit.train import (
-    LanguageModel,
-    TrainConfig,
-    Trainer,
-    TrainingError,
-    evaluate_perplexity,
-    export_model,
-    latest_checkpoint,
-    load_checkpoint_file,
-    load_language_model,
-    setup_distributed,
-    train,
-)
+from elmokit.train import TrainConfig, Trainer, TrainingError, setup_distributed, train
 
 from .reference import run_direction, token_vector
 
@@ -247,18 +240,9 @@ class FixedBatches:
         self.position = state["position"]
 
 
-def _ddp_worker(rank: int, world_size: int, port: int, config: dict, batches, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-    )
-    torch.set_num_threads(1)
-    run(TrainConfig(**config), batches, rank, world_size, out)
-    torch.distributed.barrier()  # as train() does: no process leaves while another still talks
-    torch.distributed.destroy_process_group()
+def _ddp_worker(config: dict, batches, out: str) -> None:
+    """One of the processes that ``run_processes`` starts (it finds its rank in the environment)."""
+    run(TrainConfig(**config), batches, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), out)
 
 
 def run(config: TrainConfig, batches, rank: int, world_size: int, out: str) -> None:
@@ -274,25 +258,30 @@ def run(config: TrainConfig, batches, rank: int, world_size: int, out: str) -> N
 
 
 def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, corpus):
-    import torch.multiprocessing as mp
-
-    from elmokit.train import _free_port
-
     vocab = Vocabulary.from_file(corpus[1])
     batches = [b for _, b in zip(range(3), BidirectionalLMBatches(corpus[0], vocab, 8, 5, seed=1))]
     config = make_config(tmp_path, corpus, dropout=0.0, n_negative_samples=1000)  # full softmax
     run(config, batches, 0, 1, str(tmp_path / "one.pt"))
-    mp.spawn(
-        _ddp_worker,
-        args=(2, _free_port(), dataclasses.asdict(config), batches, str(tmp_path / "two.pt")),
-        nprocs=2,
-        join=True,
-    )
+    run_processes(_ddp_worker, (dataclasses.asdict(config), batches, str(tmp_path / "two.pt")), nproc=2)
     one = torch.load(tmp_path / "one.pt", weights_only=True)
     two = torch.load(tmp_path / "two.pt", weights_only=True)
     for name in one:
         torch.testing.assert_close(one[name], two[name], atol=1e-5, rtol=0, msg=name)
     assert not torch.equal(one["softmax.bias"], torch.zeros_like(one["softmax.bias"]))
+
+
+def test_nproc_trains_in_two_processes_and_resumes(tmp_path, corpus):
+    """``elmokit train --nproc 2``: two gloo processes through the elastic launcher, one checkpoint."""
+    launch(make_config(tmp_path, corpus, max_steps=2), resume=False, processes=2)
+    saved = load_checkpoint_file(latest_checkpoint(tmp_path / "run") / "model.pt")
+    assert (saved["world_size"], saved["run"]["step"], saved["run"]["tokens"]) == (2, 2, 2 * 2 * 4 * 5)
+    assert sorted(p.name for p in latest_checkpoint(tmp_path / "run").glob("*.pt")) == [
+        "model.pt",
+        "rank0.pt",
+        "rank1.pt",
+    ]
+    with pytest.raises(TrainingError, match="written by 2 processes; resume with as many"):
+        train(make_config(tmp_path, corpus, max_steps=3), resume=True, progress=False)
 
 
 def test_bf16_autocast_step_runs_and_tracks_fp32(tmp_path, corpus):

@@ -127,3 +127,28 @@ def test_not_an_hdf5_file(tiny_files, tmp_path):
     (tmp_path / "w.hdf5").write_text("hello")
     with pytest.raises(WeightFileError, match="not a readable HDF5 file"):
         BiLM.load(tiny_files[0], tmp_path / "w.hdf5")
+
+
+def test_softmax_file_round_trip_and_vocabulary_mismatch(tmp_path):
+    from elmokit.softmax import Softmax
+    from elmokit.weights import load_softmax, save_softmax
+
+    torch.manual_seed(3)
+    saved, loaded = Softmax(10, 4), Softmax(10, 4)
+    save_softmax(saved, tmp_path / "softmax.hdf5")
+    load_softmax(loaded, tmp_path / "softmax.hdf5")
+    assert torch.equal(saved.weight, loaded.weight) and torch.equal(saved.bias, loaded.bias)
+    with pytest.raises(WeightFileError, match=r"'softmax/W' has shape \(10, 4\) .* imply \(12, 4\)"):
+        load_softmax(Softmax(12, 4), tmp_path / "softmax.hdf5")
+
+
+def test_the_layout_module_knows_no_model_class():
+    """weights.py works on parameter names, so it imports neither bilm.py nor anything above it."""
+    import ast
+    from pathlib import Path
+
+    import elmokit.weights
+
+    tree = ast.parse(Path(elmokit.weights.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported.isdisjoint({"bilm", "elmo", "embed", "char_cnn", "softmax"}), imported

@@ -21,7 +21,7 @@ from .char_cnn import TokenEncoder
 from .characters import BOS_TOKEN, EOS_TOKEN, lengths_from_ids, tokens_to_ids
 from .lstm import BiLstm, LstmState, Packing, needs_autograd
 from .options import BiLMOptions
-from .weights import load_weights, save_weights
+from .weights import load_weights, save_options, save_weights
 
 # Longer inputs run through the LSTMs in windows of this many steps (exact; bounds memory).
 DEFAULT_WINDOW = 512
@@ -83,7 +83,7 @@ class BiLM(nn.Module):
 
     def save(self, options_file: str | Path, weight_file: str | Path) -> None:
         """Write options.json and the weights in the original layout."""
-        self.options.save(options_file)
+        save_options(self.options, options_file)
         save_weights(self, weight_file)
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .atomic import write_json
 from .bilm import BiLM
 from .pretrained import DEFAULT_MODEL, TINY_REFERENCE, model_files
 
@@ -143,7 +145,7 @@ def vocab(args: argparse.Namespace) -> int:
 
 def train_command(args: argparse.Namespace) -> int:
     """Train a biLM (or resume, or fine-tune from --init-from)."""
-    from .train import TrainConfig, launch
+    from .launch import TrainConfig, launch
 
     config = TrainConfig(
         train=args.train,
@@ -169,16 +171,19 @@ def train_command(args: argparse.Namespace) -> int:
     if config.epochs is None and config.max_steps is None and config.max_time is None:
         config.epochs = 10
     launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus)
-    print(
-        f"checkpoint and metrics.csv in {args.save_dir}; export with: elmokit export {args.save_dir} OUT_DIR"
-    )
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+        print(
+            f"checkpoint and metrics.csv in {args.save_dir}; "
+            f"export with: elmokit export {args.save_dir} OUT_DIR"
+        )
     return 0
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """Held-out perplexity with the full softmax, as bilm-tf's test."""
     from .data import corpus_files
-    from .train import evaluate_perplexity, load_language_model
+    from .evaluate import evaluate_perplexity
+    from .export import load_language_model
 
     model, vocabulary = load_language_model(args.model_dir, device=args.device)
     files = corpus_files(args.heldout)
@@ -198,12 +203,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
         f"arithmetic mean of the two: {result.arithmetic_mean:.2f})"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(asdict(result), indent=2) + "\n")
+        write_json(args.json, asdict(result))
     return 0
 
 
 def export_command(args: argparse.Namespace) -> int:
-    from .train import export_model
+    from .export import export_model
 
     out = export_model(args.model_dir, args.out_dir, checkpoint=args.checkpoint)
     print(
@@ -311,7 +316,8 @@ def start_state_command(args: argparse.Namespace) -> int:
         save_weights(bilm, weights)
         print(f"written to {weights} (datasets start_state/h, start_state/c)")
     if args.heldout:
-        from .train import evaluate_perplexity, load_language_model
+        from .evaluate import evaluate_perplexity
+        from .export import load_language_model
 
         lm, vocab = load_language_model(args.model_dir)
         held = _read_sentences(args.heldout, None)  # all of it, as the stream protocol
@@ -403,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--gpus", help="spawn one process per listed GPU, e.g. 0,1,2")
-    p.add_argument("--nproc", type=int, default=1, help="CPU processes (gloo DDP)")
+    p.add_argument("--gpus", help="start one process per listed GPU, e.g. 0,1,2 (NCCL DDP)")
+    p.add_argument("--nproc", type=int, default=1, help="start this many CPU processes (gloo DDP)")
     p.add_argument("--checkpoint-minutes", type=float, default=10.0)
     p.add_argument(
         "--precision",

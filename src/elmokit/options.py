@@ -151,8 +151,10 @@ class BiLMOptions:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write options.json."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        """Write options.json (atomically)."""
+        from .atomic import write_json
+
+        write_json(path, self.to_dict())
 
 
 def _section(options: dict[str, Any], name: str, source: str) -> dict[str, Any]:

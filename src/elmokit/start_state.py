@@ -15,22 +15,25 @@ training step, and may respond to it badly.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from .bilm import BiLM
 from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
+from .language_model import LanguageModel
 from .lstm import LstmState
 
 
 def _stream_inputs(
-    bilm: BiLM, sentences: Sequence[Sequence[str]], boundary: bool = True
+    lm: LanguageModel, sentences: Sequence[Sequence[str]], boundary: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training-format inputs of one sentence per row: (2, rows, steps, proj), lengths (rows,).
+    """Training-format streams of one sentence per row: char ids (2, rows, steps, max_chars) on
+    the model's device, lengths (rows,).
 
     Forward reads [<S>, w1..wn]; backward reads [</S>, wn..w1] (without the boundary token when
     ``boundary`` is False)."""
-    max_chars = bilm.options.char_cnn.max_characters_per_token
+    max_chars = lm.bilm.options.char_cnn.max_characters_per_token
     first = 1 if boundary else 0
     steps = max(len(s) for s in sentences) + first
     ids = torch.zeros(2, len(sentences), steps, max_chars, dtype=torch.long)
@@ -39,8 +42,19 @@ def _stream_inputs(
         ids[0, row, :n] = tokens_to_ids([BOS_TOKEN, *sentence][1 - first :], max_chars)
         ids[1, row, :n] = tokens_to_ids([EOS_TOKEN, *reversed(sentence)][1 - first :], max_chars)
     lengths = torch.tensor([len(s) + first for s in sentences])
-    device = next(bilm.parameters()).device
-    return bilm.token_encoder(ids.to(device)), lengths
+    return ids.to(next(lm.parameters()).device), lengths
+
+
+def _start(lm: LanguageModel, rows: int, start: LstmState | None) -> LstmState:
+    """``start`` (h (n_layers, 2, projection_dim), c (n_layers, 2, dim)) for every one of ``rows``
+    rows; zeros when None."""
+    state = lm.bilm.lstm.zero_state(rows, next(lm.parameters()).device)
+    if start is None:
+        return state
+    return LstmState(
+        start.h.to(state.h.device).unsqueeze(2).expand_as(state.h).contiguous(),
+        start.c.to(state.c.device).unsqueeze(2).expand_as(state.c).contiguous(),
+    )
 
 
 @torch.no_grad()
@@ -49,7 +63,7 @@ def boundary_states(
 ) -> LstmState:
     """States before each sentence's first input, in running text: h (n, n_layers, 2, proj),
     c (n, n_layers, 2, dim), n = number of recorded boundaries."""
-    bilm.eval()
+    lm = LanguageModel(bilm, dropout=0.0).eval()
     sentences = [s for s in sentences if len(s) > 0]
     per_row = len(sentences) // rows
     if per_row <= burn_in:
@@ -57,7 +71,7 @@ def boundary_states(
             f"need more than {rows * (burn_in + 1)} non-empty sentences to estimate a start state "
             f"with {rows} streams, got {len(sentences)}"
         )
-    state = bilm.lstm.zero_state(rows, next(bilm.parameters()).device)
+    state = _start(lm, rows, None)
     hs, cs = [], []
     for k in range(per_row):
         batch = [sentences[r * per_row + k] for r in range(rows)]
@@ -66,8 +80,8 @@ def boundary_states(
             cs.append(state.c.permute(2, 0, 1, 3).cpu())
         # A stream starts inside running text: the first sentence is read without its boundary
         # token, since the model never saw a boundary token read from zero states in training.
-        inputs, lengths = _stream_inputs(bilm, batch, boundary=k > 0)
-        _, state = bilm.lstm(inputs, lengths, state)
+        ids, lengths = _stream_inputs(lm, batch, boundary=k > 0)
+        _, state = lm.hidden_states(ids, state, lengths)
     return LstmState(torch.cat(hs), torch.cat(cs))
 
 
@@ -81,35 +95,32 @@ def estimate_start_state(
 
 @torch.no_grad()
 def sentence_losses(
-    lm, vocab, sentences: Sequence[Sequence[str]], start: LstmState | None, batch_size: int = 64
+    lm: LanguageModel,
+    vocab: Any,
+    sentences: Sequence[Sequence[str]],
+    start: LstmState | None,
+    batch_size: int = 64,
 ) -> tuple[float, float, int]:
     """Mean forward and backward loss of each sentence on its own (full softmax), every sentence
     starting from ``start`` (None = zeros): forward reads [<S>, w1..wn] and predicts
     [w1..wn, </S>]; backward reads [</S>, wn..w1] and predicts [wn..w1, <S>].
-    ``lm`` is a LanguageModel (biLM + softmax). Returns (loss_fwd, loss_bwd, predictions)."""
-    bilm = lm.bilm.eval()
-    device = next(bilm.parameters()).device
+    Returns (loss_fwd, loss_bwd, predictions per direction)."""
+    lm = lm.eval()
+    device = next(lm.parameters()).device
     sentences = [s for s in sentences if len(s) > 0]
     totals, count = torch.zeros(2, dtype=torch.float64), 0
     for i in range(0, len(sentences), batch_size):
         batch = sentences[i : i + batch_size]
-        inputs, lengths = _stream_inputs(bilm, batch)
-        rows, steps = len(batch), inputs.shape[2]
-        state = bilm.lstm.zero_state(rows, device)
-        if start is not None:
-            state = LstmState(
-                start.h.to(device).unsqueeze(2).expand_as(state.h).contiguous(),
-                start.c.to(device).unsqueeze(2).expand_as(state.c).contiguous(),
-            )
-        outputs, _ = bilm.lstm(inputs, lengths, state)
+        ids, lengths = _stream_inputs(lm, batch)
+        rows, steps = len(batch), ids.shape[2]
+        hidden, _ = lm.hidden_states(ids, _start(lm, rows, start), lengths)
         targets = torch.zeros(2, rows, steps, dtype=torch.long)
         for row, s in enumerate(batch):
-            ids = vocab.encode(list(s))
-            targets[0, row, : len(s) + 1] = torch.tensor([*ids, vocab.eos])
-            targets[1, row, : len(s) + 1] = torch.tensor([*ids[::-1], vocab.bos])
-        mask = torch.arange(steps).unsqueeze(0) < lengths.unsqueeze(1)
-        for d in range(2):
-            hidden = outputs[-1, d][mask.to(device)]
-            totals[d] += lm.softmax.full_loss(hidden, targets[d][mask].to(device)).double().sum().cpu()
+            tokens = vocab.encode(list(s))
+            targets[0, row, : len(s) + 1] = torch.tensor([*tokens, vocab.eos])
+            targets[1, row, : len(s) + 1] = torch.tensor([*tokens[::-1], vocab.bos])
+        mask = (torch.arange(steps).unsqueeze(0) < lengths.unsqueeze(1)).to(device)
+        losses = lm.position_losses(hidden, targets.to(device))  # (2, rows, steps)
+        totals += losses[:, mask].double().sum(1).cpu()
         count += int(mask.sum())
     return float(totals[0] / count), float(totals[1] / count), count

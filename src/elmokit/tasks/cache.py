@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from ..atomic import atomic_path
 from ..embed import Embedder
 from ..pretrained import model_files
 
@@ -194,9 +194,7 @@ class LayerCache:
         embedder = self.embedder
         num_layers, dim = embedder.bilm.num_layers, embedder.dim
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
+        with atomic_path(path) as tmp:
             with h5py.File(tmp, "w") as out:
                 # contiguous (no chunks, no compression), so that readers can map it into memory
                 layers = out.create_dataset("layers", shape=(int(offsets[-1]), num_layers, dim), dtype="<f4")
@@ -219,10 +217,6 @@ class LayerCache:
                         buffer, buffered = [], 0
                 if first != offsets[-1]:
                     raise RuntimeError("the embedder returned fewer sentences than it was given")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 def _open(path: Path, key: str, n_sentences: int) -> tuple[np.ndarray, np.ndarray] | None:

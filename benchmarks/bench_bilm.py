@@ -2,7 +2,8 @@
 
     python benchmarks/bench_bilm.py --sentences FILE [--shapes small,original]
         [--batch-sizes 1,16,64] [--n-sentences N] [--time-budget T] [--threads 2]
-        [--pause-pid PID] [--profile N] [--json OUT]
+        [--kernels on|off|NAMES] [--compare-kernel NAME [--repeats 3] [--in-process]]
+        [--pause-pid PID] [--wait-quiet 0.25] [--retry-busy 2] [--profile N] [--json OUT]
 
 Each shape is built with fresh random weights, written with ``BiLM.save`` to a temp dir and read
 back with ``BiLM.load``. Every (shape, batch size) runs in its own subprocess (this script with
@@ -25,6 +26,13 @@ on by default as in the library). The cache is emptied after the warm-up batch, 
 run starts cold; "cached" is the share of each batch's distinct tokens found from earlier
 batches. The roofline does not know about the cache: compare "% roofline" with
 ``--token-cache 0``.
+
+``--kernels`` sets ``ELMOKIT_KERNELS`` for the workers (``on``, ``off``, or a value that
+``elmokit.kernels.parse`` reads, e.g. ``--kernels=-token_cache``). ``--compare-kernel NAME`` runs
+every configuration with that kernel on and off in turn (on, off, on, off, ...; ``--repeats``
+times each, 3 by default) and prints the median tokens/s of each and the kernel's gain; with
+``--in-process`` one worker per configuration does that, switching the kernel between passes over
+the sentences (``elmokit.kernels.set_enabled``), which leaves out the drift between processes.
 
 ``--pause-pid PID`` stops that process (e.g. a training job on the same cores) during the matmul
 measurement and each worker run, and resumes it right after (always, also on errors).
@@ -53,6 +61,8 @@ from elmokit.options import BiLMOptions, preset
 SHAPES = ("small", "original")
 # Default sentences per shape: the original shape runs at a few hundred tokens/s on 2 cores.
 DEFAULT_N = {"small": 256, "original": 64}
+# Share of the CPUs used by other processes above which a measurement is unreliable.
+BUSY = 0.1
 
 
 def flops_per_token(options: BiLMOptions) -> dict[str, int]:
@@ -127,8 +137,13 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Load one model, time it on one batch size; returns the figures of this configuration."""
+def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Load one model, time it on one batch size; returns the figures of each timed pass.
+
+    One pass over the sentences, or with ``spec["alternate"]`` (``ELMOKIT_KERNELS`` values) one
+    pass per value in turn, ``spec["passes"]`` rounds, switching with ``elmokit.kernels``."""
+    from elmokit import kernels
+
     torch.set_num_threads(spec["threads"])
     rss_import = rss_mb()
     model = elmokit.BiLM.load(spec["options_file"], spec["weight_file"])
@@ -138,32 +153,61 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     size = spec["batch_size"]
     batches = [sentences[i : i + size] for i in range(0, len(sentences), size)]
     char_ids = [elmokit.batch_to_ids(b) for b in batches]
-    tokens = sentences_done = distinct = 0
-    elapsed = 0.0
+    settings = spec.get("alternate") or [spec.get("kernels", "1")]
+
+    def use(setting: str) -> None:
+        names = kernels.parse(setting)
+        kernels.set_enabled(False)
+        if names:
+            kernels.set_enabled(True, *names)
+
+    results = []
     with torch.no_grad():
-        model(char_ids[0])  # warm-up, not timed
-        model.token_encoder.clear_cache()  # the timed run starts with an empty token cache
-        cpu_before = cpu_sample()
-        for batch, ids in zip(batches, char_ids):
-            start = time.perf_counter()
-            model(ids)
-            elapsed += time.perf_counter() - start
-            tokens += sum(len(s) for s in batch)
-            distinct += len({t for s in batch for t in s})
-            sentences_done += len(batch)
-            if elapsed >= spec["time_budget"]:
-                break
-    others = others_busy(cpu_before, cpu_sample())
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
-    hits, misses = model.token_encoder.cache_stats  # before the profile run adds its own
+        for setting in settings:  # warm-up, not timed
+            use(setting)
+            model(char_ids[0])
+        for _ in range(spec.get("passes", 1)):
+            for setting in settings:
+                use(setting)
+                model.token_encoder.clear_cache()  # each timed pass starts with an empty token cache
+                results.append(
+                    {"kernels": setting, **timed_pass(model, batches, char_ids, spec["time_budget"])}
+                )
     top = (
         profile_ops(model, char_ids, spec["profile_sentences"], size)
         if spec.get("profile_sentences")
         else None
     )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    for result in results:
+        result.update(
+            profile=top,
+            token_cache=spec["token_cache"],
+            rss_after_import_mb=rss_import,
+            rss_after_load_mb=rss_model,
+            peak_rss_mb=peak,
+        )
+    return results
+
+
+def timed_pass(
+    model: elmokit.BiLM, batches: list[list[list[str]]], char_ids: list[torch.Tensor], budget: float
+) -> dict[str, Any]:
+    """Time ``model(ids)`` over the batches, stopping after the batch that passes ``budget`` s."""
+    tokens = sentences_done = distinct = 0
+    elapsed = 0.0
+    cpu_before = cpu_sample()
+    for batch, ids in zip(batches, char_ids):
+        start = time.perf_counter()
+        model(ids)
+        elapsed += time.perf_counter() - start
+        tokens += sum(len(s) for s in batch)
+        distinct += len({t for s in batch for t in s})
+        sentences_done += len(batch)
+        if elapsed >= budget:
+            break
+    hits, misses = model.token_encoder.cache_stats
     return {
-        "profile": top,
-        "token_cache": spec["token_cache"],
         "token_cache_hit_rate": hits / max(hits + misses, 1),
         "tokens": tokens,
         "sentences": sentences_done,
@@ -171,10 +215,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": tokens / elapsed,
         "sentences_per_s": sentences_done / elapsed,
         "distinct_fraction": distinct / tokens,
-        "others_cpu_busy": others,
-        "rss_after_import_mb": rss_import,
-        "rss_after_load_mb": rss_model,
-        "peak_rss_mb": peak,
+        "others_cpu_busy": others_busy(cpu_before, cpu_sample()),
     }
 
 
@@ -193,11 +234,33 @@ def profile_ops(model: elmokit.BiLM, char_ids: list[torch.Tensor], sentences: in
     return [[e.key, e.self_cpu_time_total / total, e.count] for e in top]
 
 
-def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run ``worker(spec)`` in a fresh interpreter; its result is the last line of its stdout."""
+def run_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run ``worker(spec)`` in a fresh interpreter (``ELMOKIT_KERNELS`` = ``spec["kernels"]``);
+    its results are the last line of its stdout."""
     cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    env = {**os.environ, "ELMOKIT_KERNELS": spec.get("kernels", "1")}
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def kernel_settings(base: str, compare: str | None) -> list[str]:
+    """The ``ELMOKIT_KERNELS`` values to run: ``base``, or (comparing kernel ``compare``) base
+    with that kernel on, then off."""
+    from elmokit import kernels
+
+    value = {"on": "1", "off": "0"}.get(base, base)
+    if compare is None:
+        return [value]
+    on = kernels.parse(value)
+    if compare not in kernels.NAMES:
+        raise SystemExit(f"--compare-kernel: unknown kernel {compare} (known: {', '.join(kernels.NAMES)})")
+    return [",".join(sorted(on | {compare})), ",".join(sorted(on - {compare})) or "0"]
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -214,6 +277,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--pause-pid", type=int, help="SIGSTOP this process during each run (SIGCONT after)")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.25,
+        help="before each worker wait until other processes (but --pause-pid) use at most this "
+        "share of the CPUs (default 0.25; 1 = do not wait)",
+    )
+    p.add_argument("--wait-timeout", type=float, default=60.0, help="wait at most T s (default 60)")
+    p.add_argument(
+        "--retry-busy",
+        type=int,
+        default=2,
+        help=f"run a configuration again (at most N times) when other processes used more than "
+        f"{BUSY:.0%} of the CPUs meanwhile (default 2)",
+    )
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument(
         "--profile",
@@ -228,11 +306,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the token encoder's cache size (tokens kept across batches); 0 = off "
         f"(default {TokenEncoder.DEFAULT_CACHE_SIZE:,}, the model's default)",
     )
+    p.add_argument(
+        "--kernels",
+        default="on",
+        help="ELMOKIT_KERNELS for the workers: on (default), off, or e.g. --kernels=-token_cache",
+    )
+    p.add_argument("--compare-kernel", metavar="NAME", help="run each configuration with NAME on and off")
+    p.add_argument("--repeats", type=int, help="runs of each setting, interleaved (default 1; 3 comparing)")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="with --compare-kernel: one worker per configuration switches the kernel pass by pass",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is None and not args.sentences:
         p.error("--sentences is required")
+    if args.repeats is None:
+        args.repeats = 3 if args.compare_kernel else 1
     return args
+
+
+def compare(results: list[dict[str, Any]], settings: list[str], name: str) -> list[dict[str, Any]]:
+    """Print and return, per (shape, batch size), the median tokens/s with kernel ``name`` on
+    and off and its gain: the median of the on/off ratios of consecutive runs (on, off), which
+    drift on a shared machine moves less than the ratio of the medians."""
+    print(f"\nkernel {name}: median tokens/s of the interleaved runs (range); gain = median on/off ratio")
+    rows = []
+    for shape, size in dict.fromkeys((r["shape"], r["batch_size"]) for r in results):
+        same = [r for r in results if (r["shape"], r["batch_size"]) == (shape, size)]
+        runs = [[r["tokens_per_s"] for r in same if r["kernels"] == s] for s in settings]
+        on, off = median(runs[0]), median(runs[1])
+        gain = median([a / b for a, b in zip(*runs)]) - 1
+        rows.append({"shape": shape, "batch_size": size, "on": on, "off": off, "gain": gain, "runs": runs})
+        print(
+            f"  {shape} batch {size}: on {on:,.0f} ({min(runs[0]):,.0f}-{max(runs[0]):,.0f}), "
+            f"off {off:,.0f} ({min(runs[1]):,.0f}-{max(runs[1]):,.0f}): gain {100 * gain:+.1f}%"
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,9 +355,10 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     command = shlex.join([sys.executable, *sys.argv])
     print(f"command: {command}", flush=True)
-    from common import Pauser, write_report  # common imports this module: import it only here
+    from common import Pauser, wait_until_quiet, write_report  # common imports this module
 
     pauser = Pauser(args.pause_pid)
+    wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
     with pauser:
         cpu_before = cpu_sample()  # other processes on the machine skew every figure
         rate = matmul_gflops(args.threads)
@@ -257,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     results: list[dict[str, Any]] = []
     flops: dict[str, dict[str, int]] = {}
+    settings = kernel_settings(args.kernels, args.compare_kernel)
     with tempfile.TemporaryDirectory() as tmp:
         for shape in shapes:
             options_file, weight_file = Path(tmp, f"{shape}.json"), Path(tmp, f"{shape}.hdf5")
@@ -282,25 +395,40 @@ def main(argv: list[str] | None = None) -> None:
                     "profile_sentences": args.profile,
                     "token_cache": args.token_cache,
                 }
-                with pauser:
-                    measured = run_worker(spec)
-                result = {"shape": shape, "batch_size": size, **measured}
-                result["gflops_per_s"] = per_token * result["tokens_per_s"] / 1e9
-                result["fraction_of_matmul"] = result["gflops_per_s"] / rate
-                # The issue's roofline: LSTM FLOPs per token + encoder FLOPs per distinct token.
-                needed = flops[shape]["lstm"] + flops[shape]["token_encoder"] * result["distinct_fraction"]
-                result["roofline_tokens_per_s"] = rate * 1e9 / needed
-                result["fraction_of_roofline"] = result["tokens_per_s"] / result["roofline_tokens_per_s"]
-                results.append(result)
-                print(
-                    f"  batch {size}: {result['sentences']} sentences, {result['tokens']} tokens "
-                    f"in {result['seconds']:.1f} s",
-                    flush=True,
-                )
+                if args.in_process:  # one worker: on, off, on, off, ... pass by pass
+                    runs = [{"alternate": settings, "passes": args.repeats}]
+                else:  # one worker a run: on, off, on, off, ...
+                    runs = [{"kernels": setting} for _ in range(args.repeats) for setting in settings]
+                for run in runs:
+                    for _ in range(1 + args.retry_busy):  # again while others used the CPUs
+                        wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
+                        with pauser:
+                            measured = run_worker({**spec, **run})
+                        if max(m["others_cpu_busy"] for m in measured) <= BUSY:
+                            break
+                    for m in measured:
+                        result = {"shape": shape, "batch_size": size, **m}
+                        result["gflops_per_s"] = per_token * result["tokens_per_s"] / 1e9
+                        result["fraction_of_matmul"] = result["gflops_per_s"] / rate
+                        # The issue's roofline: LSTM FLOPs per token + encoder FLOPs per distinct token.
+                        needed = (
+                            flops[shape]["lstm"] + flops[shape]["token_encoder"] * result["distinct_fraction"]
+                        )
+                        result["roofline_tokens_per_s"] = rate * 1e9 / needed
+                        result["fraction_of_roofline"] = (
+                            result["tokens_per_s"] / result["roofline_tokens_per_s"]
+                        )
+                        results.append(result)
+                        print(
+                            f"  batch {size}, kernels {result['kernels']}: {result['sentences']} sentences, "
+                            f"{result['tokens']} tokens in {result['seconds']:.1f} s "
+                            f"({result['tokens_per_s']:.0f} tokens/s)",
+                            flush=True,
+                        )
     header = (
         f"{'shape':<9} {'batch':>5} {'tokens/s':>9} {'sent/s':>7} {'GFLOP/s':>8} "
         f"{'% matmul':>8} {'% roofline':>10} {'distinct':>8} "
-        f"{'cached':>6} {'peak RSS MB':>11} {'model RSS MB':>12} {'others':>6}"
+        f"{'cached':>6} {'peak RSS MB':>11} {'model RSS MB':>12} {'others':>6}  kernels"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
@@ -310,8 +438,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{100 * r['fraction_of_matmul']:>7.1f}% {100 * r['fraction_of_roofline']:>9.1f}% "
             f"{100 * r['distinct_fraction']:>7.0f}% {100 * r['token_cache_hit_rate']:>5.0f}% "
             f"{r['peak_rss_mb']:>11.0f} {r['rss_after_load_mb']:>12.0f} "
-            f"{100 * r['others_cpu_busy']:>5.0f}%"
+            f"{100 * r['others_cpu_busy']:>5.0f}%  {r['kernels']}"
         )
+    comparison = compare(results, settings, args.compare_kernel) if args.compare_kernel else []
     for r in results:
         if r["profile"]:
             print(f"\nprofile, {r['shape']} batch {r['batch_size']} (share of self CPU time, calls):")
@@ -320,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     baseline = min(r["rss_after_import_mb"] for r in results)
     print(f"(model RSS = RSS right after BiLM.load; python + torch alone is ~{baseline:.0f} MB)")
     print("(others = share of all CPUs that other processes used while this configuration ran)")
-    if max([matmul_others] + [r["others_cpu_busy"] for r in results]) > 0.1:
+    if max([matmul_others] + [r["others_cpu_busy"] for r in results]) > BUSY:
         print("WARNING: other processes were using the CPUs; the figures are unreliable (low)")
     print(pauser.summary())
     if args.json:
@@ -334,6 +463,7 @@ def main(argv: list[str] | None = None) -> None:
             threads=args.threads,
             flops_per_token=flops,
             results=results,
+            comparison=comparison,
         )
 
 

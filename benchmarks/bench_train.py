@@ -4,6 +4,7 @@
         [--batch-size 32] [--unroll-steps 20] [--n-negative-samples 8192]
         [--devices cpu,cuda] [--precisions fp32,bf16] [--threads 2]
         [--warmup 3] [--steps 10] [--time-budget T] [--profile] [--pause-pid PID] [--json OUT]
+        [--kernels on|off|NAMES] [--compare-kernel NAME [--repeats 3] [--in-process]]
 
 The vocabulary is built from ``--train`` (default: the three lm1b held-out shards in
 ../shared/data/lm) with ``Vocabulary.build(count_tokens(...), min_count)``, unless ``--vocab``
@@ -20,6 +21,14 @@ the Trainer counts); "tok/s" includes the data time, "step tok/s" does not.
 forward pass; nothing is added here). ``--devices cuda`` prints "skipped: no CUDA" without one.
 ``--profile`` adds a torch.profiler run of 3 steps (after the timed ones) for the small preset on
 the first device/precision and prints the top 10 ops by self CPU time.
+
+``--kernels`` sets ``ELMOKIT_KERNELS`` for the workers (``on``, ``off``, or a value that
+``elmokit.kernels.parse`` reads, e.g. ``--kernels=-sampled_softmax``). ``--compare-kernel NAME``
+runs every configuration with that kernel on and off in turn (on, off, on, off, ...;
+``--repeats`` times each, 3 by default) and prints the median ms/step of each and the gain; with
+``--in-process`` one worker per configuration does that, switching the kernel step by step
+(``elmokit.kernels.set_enabled``; ``--steps`` steps each), which leaves out the drift between
+processes.
 
 ``--pause-pid PID`` stops that process (e.g. a training job on the same cores) while each worker
 runs and resumes it right after (always, also on errors). "others" = share of all CPUs that
@@ -39,7 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_bilm import cpu_sample, matmul_gflops, others_busy, rss_mb
+from bench_bilm import BUSY, cpu_sample, kernel_settings, matmul_gflops, median, others_busy, rss_mb
 from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet, write_report
 
 # The issue's target for the small preset on 2 CPU threads.
@@ -51,8 +60,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Build the data and the Trainer of one configuration, time its steps."""
+def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Build the data and the Trainer of one configuration, time its steps; returns the figures
+    of each setting: one, or with ``spec["alternate"]`` (``ELMOKIT_KERNELS`` values) each in turn,
+    switched step by step with ``elmokit.kernels`` (``steps`` steps each)."""
+    from elmokit import kernels
     from elmokit.data import BidirectionalLMBatches, Vocabulary, corpus_files
     from elmokit.options import BiLMOptions, preset
     from elmokit.train import Distributed, TrainConfig, Trainer
@@ -86,54 +98,71 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         trainer = Trainer(config, data, len(vocab), Distributed(device=device))
     rss_model = rss_mb()
     n_params = sum(p.numel() for p in trainer.model.parameters())
+    settings = spec.get("alternate") or [spec.get("kernels", "1")]
+
+    def use(setting: str) -> None:
+        names = kernels.parse(setting)
+        kernels.set_enabled(False)
+        if names:
+            kernels.set_enabled(True, *names)
+
     batches = iter(data)
-    for _ in range(spec["warmup"]):
+    for i in range(spec["warmup"] * len(settings)):
+        use(settings[i % len(settings)])
         trainer.step(next(batches))
     _sync(device)
-    data_s = step_s = 0.0
-    step_times: list[float] = []
-    losses: list[float] = []
+    times: dict[str, dict[str, list[float]]] = {s: {"data": [], "step": [], "loss": []} for s in settings}
     distinct: list[float] = []  # distinct tokens (char-id rows) / tokens, both directions
     cpu_before = cpu_sample()
-    for _ in range(spec["steps"]):
+    elapsed = 0.0
+    for i in range(spec["steps"] * len(settings)):  # alternating step by step
+        setting = settings[i % len(settings)]
+        use(setting)
         start = time.perf_counter()
         batch = next(batches)
         middle = time.perf_counter()
         forward, backward = trainer.step(batch)  # returns floats: synchronizes a GPU
         _sync(device)
         end = time.perf_counter()
-        data_s += middle - start
-        step_s += end - middle
-        step_times.append(end - middle)
-        losses.append(0.5 * (forward + backward))
+        times[setting]["data"].append(middle - start)
+        times[setting]["step"].append(end - middle)
+        times[setting]["loss"].append(0.5 * (forward + backward))
+        elapsed += end - start
         chars = np.concatenate([batch["char_ids"], batch["char_ids_reverse"]])
         rows = chars.reshape(-1, chars.shape[-1])
         distinct.append(len(np.unique(rows, axis=0)) / len(rows))
-        if data_s + step_s >= spec["time_budget"]:
+        if elapsed >= spec["time_budget"] and i % len(settings) == len(settings) - 1:
             break
     others = others_busy(cpu_before, cpu_sample())
-    steps = len(step_times)
     tokens = spec["batch_size"] * spec["unroll_steps"]
-    result: dict[str, Any] = {
-        "vocab_size": len(vocab),
-        "sampled": trainer.num_sampled is not None,
-        "parameters": n_params,
-        "steps": steps,
-        "ms_per_step": 1000 * step_s / steps,
-        "min_ms_per_step": 1000 * min(step_times),
-        "data_ms_per_step": 1000 * data_s / steps,
-        "tokens_per_s": tokens * steps / (step_s + data_s),
-        "step_tokens_per_s": tokens * steps / step_s,
-        "distinct_fraction": sum(distinct) / len(distinct),
-        "first_loss": losses[0],
-        "last_loss": losses[-1],
-        "others_cpu_busy": others,
-        "rss_after_import_mb": rss_import,
-        "rss_after_model_mb": rss_model,
-    }
+    results = []
+    for setting in settings:
+        data_s, step_s = sum(times[setting]["data"]), sum(times[setting]["step"])
+        steps, losses = len(times[setting]["step"]), times[setting]["loss"]
+        results.append(
+            {
+                "kernels": setting,
+                "vocab_size": len(vocab),
+                "sampled": trainer.num_sampled is not None,
+                "parameters": n_params,
+                "steps": steps,
+                "ms_per_step": 1000 * step_s / steps,
+                "min_ms_per_step": 1000 * min(times[setting]["step"]),
+                "step_ms": [1000 * t for t in times[setting]["step"]],
+                "data_ms_per_step": 1000 * data_s / steps,
+                "tokens_per_s": tokens * steps / (step_s + data_s),
+                "step_tokens_per_s": tokens * steps / step_s,
+                "distinct_fraction": sum(distinct) / len(distinct),
+                "first_loss": losses[0],
+                "last_loss": losses[-1],
+                "others_cpu_busy": others,
+                "rss_after_import_mb": rss_import,
+                "rss_after_model_mb": rss_model,
+            }
+        )
     if spec.get("profile_steps"):
-        result["profile"] = profile(trainer, batches, spec["profile_steps"], device)
-    return result
+        results[0]["profile"] = profile(trainer, batches, spec["profile_steps"], device)
+    return results
 
 
 def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dict[str, Any]:
@@ -213,9 +242,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "share of the CPUs (default 0.25; 1 = do not wait)",
     )
     p.add_argument("--wait-timeout", type=float, default=60.0, help="wait at most T s (default 60)")
+    p.add_argument(
+        "--retry-busy",
+        type=int,
+        default=2,
+        help=f"run a configuration again (at most N times) when other processes used more than "
+        f"{BUSY:.0%} of the CPUs meanwhile (default 2)",
+    )
     p.add_argument("--json", help="also write the results as JSON to this file")
+    p.add_argument(
+        "--kernels",
+        default="on",
+        help="ELMOKIT_KERNELS for the workers: on (default), off, or e.g. --kernels=-sampled_softmax",
+    )
+    p.add_argument("--compare-kernel", metavar="NAME", help="run each configuration with NAME on and off")
+    p.add_argument("--repeats", type=int, help="runs of each setting, interleaved (default 1; 3 comparing)")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="with --compare-kernel: one worker per configuration switches the kernel step by step",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 3 if args.compare_kernel else 1
+    return args
+
+
+def compare(results: list[dict[str, Any]], settings: list[str], name: str) -> list[dict[str, Any]]:
+    """Print and return, per (preset, device, precision), the median ms/step with kernel ``name``
+    on and off and its gain (the speed-up): the median of the off/on ratios of consecutive runs."""
+    print(f"\nkernel {name}: median ms/step of the interleaved runs (range); gain = median off/on ratio")
+    rows = []
+    for key in dict.fromkeys((r["preset"], r["device"], r["precision"]) for r in results):
+        same = [r for r in results if (r["preset"], r["device"], r["precision"]) == key]
+        if all(len(r["step_ms"]) > 1 for r in same) and len(same) == 2:  # --in-process: the steps
+            runs = [r["step_ms"] for s in settings for r in same if r["kernels"] == s]
+        else:
+            runs = [[r["ms_per_step"] for r in same if r["kernels"] == s] for s in settings]
+        on, off = median(runs[0]), median(runs[1])
+        gain = median([b / a for a, b in zip(*runs)]) - 1
+        rows.append(dict(zip(("preset", "device", "precision"), key), on=on, off=off, gain=gain, runs=runs))
+        print(
+            f"  {' '.join(key)}: on {on:.0f} ms ({min(runs[0]):.0f}-{max(runs[0]):.0f}), "
+            f"off {off:.0f} ms ({min(runs[1]):.0f}-{max(runs[1]):.0f}): gain {100 * gain:+.1f}%"
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     devices = [s.strip() for s in args.devices.split(",") if s.strip()]
     precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
     pauser = Pauser(args.pause_pid)
+    settings = kernel_settings(args.kernels, args.compare_kernel)
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     profiled = False
@@ -251,47 +324,60 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             for precision in precisions:
                 for name in presets:
-                    spec = {
-                        "preset": name,
-                        "train": args.train,
-                        "vocab": vocab,
-                        "batch_size": args.batch_size,
-                        "unroll_steps": args.unroll_steps,
-                        "negatives": args.n_negative_samples,
-                        "device": device,
-                        "precision": precision,
-                        "threads": args.threads,
-                        "warmup": args.warmup,
-                        "steps": args.steps,
-                        "time_budget": args.time_budget,
-                    }
-                    if args.profile and name == "small" and not profiled:
-                        spec["profile_steps"] = 3
-                        profiled = True
-                    cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
-                    wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
-                    with pauser:
-                        child = run_child(cmd, env=thread_env(args.threads))
-                    if child.returncode != 0:
-                        raise SystemExit(
-                            f"worker failed ({child.returncode}) for {name} {device} {precision}:\n"
-                            f"{child.stderr[-3000:]}"
-                        )
-                    result = {
-                        "preset": name,
-                        "device": device,
-                        "precision": precision,
-                        **json.loads(child.stdout.strip().splitlines()[-1]),
-                        "peak_rss_mb": child.peak_rss_mb,
-                        "process_seconds": child.seconds,
-                    }
-                    results.append(result)
-                    print(
-                        f"  {name} {device} {precision}: {result['steps']} steps, "
-                        f"{result['ms_per_step']:.0f} ms/step, loss {result['first_loss']:.2f} -> "
-                        f"{result['last_loss']:.2f} ({child.seconds:.0f} s with start-up)",
-                        flush=True,
-                    )
+                    if args.in_process:  # one worker: on, off, on, off, ... step by step
+                        runs = [{"alternate": settings}]
+                    else:  # one worker a run: on, off, on, off, ...
+                        runs = [{"kernels": setting} for _ in range(args.repeats) for setting in settings]
+                    for run in runs:
+                        spec = {
+                            "preset": name,
+                            "train": args.train,
+                            "vocab": vocab,
+                            "batch_size": args.batch_size,
+                            "unroll_steps": args.unroll_steps,
+                            "negatives": args.n_negative_samples,
+                            "device": device,
+                            "precision": precision,
+                            "threads": args.threads,
+                            "warmup": args.warmup,
+                            "steps": args.steps,
+                            "time_budget": args.time_budget,
+                            **run,
+                        }
+                        env = {**thread_env(args.threads), "ELMOKIT_KERNELS": run.get("kernels", settings[0])}
+                        if args.profile and name == "small" and not profiled:
+                            spec["profile_steps"] = 3
+                            profiled = True
+                        cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
+                        for _ in range(1 + args.retry_busy):  # again while others used the CPUs
+                            wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
+                            with pauser:
+                                child = run_child(cmd, env=env)
+                            if child.returncode != 0:
+                                raise SystemExit(
+                                    f"worker failed ({child.returncode}) for {name} {device} {precision}:\n"
+                                    f"{child.stderr[-3000:]}"
+                                )
+                            measured = json.loads(child.stdout.strip().splitlines()[-1])
+                            if measured[0]["others_cpu_busy"] <= BUSY:
+                                break
+                        for m in measured:
+                            result = {
+                                "preset": name,
+                                "device": device,
+                                "precision": precision,
+                                **m,
+                                "peak_rss_mb": child.peak_rss_mb,
+                                "process_seconds": child.seconds,
+                            }
+                            results.append(result)
+                            print(
+                                f"  {name} {device} {precision}: {result['steps']} steps, "
+                                f"{result['ms_per_step']:.0f} ms/step, loss {result['first_loss']:.2f} -> "
+                                f"{result['last_loss']:.2f} ({child.seconds:.0f} s with start-up; kernels "
+                                f"{result['kernels']})",
+                                flush=True,
+                            )
 
     if results:
         r0 = results[0]
@@ -304,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     header = (
         f"{'preset':<7} {'device':<6} {'prec':<5} {'params':>7} {'steps':>5} {'ms/step':>8} "
         f"{'min ms':>7} {'data ms':>7} {'distinct':>8} {'tok/s':>7} {'step tok/s':>10} {'peak RSS MB':>11} "
-        f"{'model RSS MB':>12} {'others':>6}"
+        f"{'model RSS MB':>12} {'others':>6}  kernels"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for r in results:
@@ -314,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['data_ms_per_step']:>7.1f} {100 * r['distinct_fraction']:>7.0f}% "
             f"{r['tokens_per_s']:>7.0f} {r['step_tokens_per_s']:>10.0f} "
             f"{r['peak_rss_mb']:>11.0f} {r['rss_after_model_mb']:>12.0f} "
-            f"{100 * r['others_cpu_busy']:>5.0f}%"
+            f"{100 * r['others_cpu_busy']:>5.0f}%  {r['kernels']}"
         )
     for note in notes:
         print(note)
@@ -343,11 +429,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"{prof['optimizer_ms_per_step']:.0f} ms/step; top 10 ops by self CPU time:"
             )
             print(prof["table"])
+    comparison = compare(results, settings, args.compare_kernel) if args.compare_kernel else []
     print(pauser.summary())
     if args.json:
         write_report(
             args.json, command, pauser, rate, matmul_others,
             torch=torch.__version__, threads=args.threads, notes=notes, results=results,
+            comparison=comparison,
         )
 
 

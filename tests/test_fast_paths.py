@@ -1,20 +1,24 @@
-"""The inference fast paths equal the straightforward computations they replace."""
+"""The inference fast paths (kernels, caches, exact shortcuts) equal the plain computations they
+replace, and the switch that turns the kernels off."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import elmokit.char_cnn as char_cnn
 import elmokit.embed as embed
-from elmokit import BiLM, batch_to_ids
+from elmokit import BiLM, batch_to_ids, kernels, lstm
 from elmokit.char_cnn import distinct_rows
 from elmokit.embed import SentenceIndex
 from elmokit.lstm import LstmState
-from elmokit.options import preset
+from elmokit.options import LstmOptions, preset
 
 
 def test_packed_inference_equals_autograd_path(tiny_sentences):
@@ -33,17 +37,105 @@ def test_packed_inference_equals_autograd_path(tiny_sentences):
         assert slow.layers.requires_grad
         torch.testing.assert_close(fast.layers, slow.layers.detach(), atol=1e-6, rtol=0)
         assert torch.equal(fast.mask, slow.mask)
-    # the raw LSTM: unsorted rows, rows of length 0, final states
+
+
+@pytest.mark.parametrize("group_elements", [None, 1])  # 1: a group of steps per step
+@pytest.mark.parametrize("projection", [True, False])
+def test_lstm_without_autograd_equals_autograd(monkeypatch, group_elements, projection):
+    """Without autograd the input side of the gates is computed for groups of steps: the same
+    values. Unsorted rows, rows of length 0, final states."""
+    if group_elements is not None:
+        monkeypatch.setattr(lstm, "INPUT_CHUNK_ELEMENTS", group_elements)
+    torch.manual_seed(0)
+    options = preset("tiny")["lstm"] | ({} if projection else {"projection_dim": 64})
+    model = lstm.BiLstm(16, LstmOptions(**options)).double()
     lengths = torch.tensor([3, 0, 7, 7, 1, 0, 5])
-    x = torch.randn(2, 7, 7, 16)
-    state = LstmState(torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 64))
-    slow_out, slow_final = bilm.lstm(x, lengths, state)
+    dim, proj = 64, model.options.projection_dim
+    x = torch.randn(2, 7, 7, 16, dtype=torch.float64)
+    state = LstmState(
+        torch.randn(2, 2, 7, proj, dtype=torch.float64), torch.randn(2, 2, 7, dim, dtype=torch.float64)
+    )
     with torch.no_grad():
-        fast_out, fast_final = bilm.lstm(x, lengths, state)
-    torch.testing.assert_close(fast_out, slow_out.detach(), atol=1e-6, rtol=0)
-    torch.testing.assert_close(fast_final.h, slow_final.h.detach(), atol=1e-6, rtol=0)
-    torch.testing.assert_close(fast_final.c, slow_final.c.detach(), atol=1e-6, rtol=0)
-    assert not fast_out[:, :, 1].any() and torch.equal(fast_final.h[:, :, 1], state.h[:, :, 1])
+        out, final = model(x, lengths, state)
+    slow_out, slow_final = model(x, lengths, state)  # the parameters require grad: autograd
+    assert slow_out.requires_grad
+    for a, b in zip([out, *final], [slow_out, *slow_final]):
+        torch.testing.assert_close(a, b.detach(), atol=1e-13, rtol=0)
+    assert not out[:, :, 1].any() and torch.equal(final.h[:, :, 1], state.h[:, :, 1])
+
+
+def test_window_matmul_equals_conv1d():
+    """The unfolded-window matmul (kernel char_cnn_matmul) against conv1d."""
+    torch.manual_seed(0)
+    for width, filter_width in [(3, 3), (12, 1), (20, 7), (20, 2)]:
+        x = torch.randn(30, 4, width, dtype=torch.float64)
+        x[7, :, :] = 0.25  # every window of a row equal
+        weight = torch.randn(8, 4, filter_width, dtype=torch.float64)
+        bias = torch.randn(8, dtype=torch.float64)
+        got = kernels.max_over_windows(x, weight, bias)
+        with kernels.disabled("char_cnn_matmul"):
+            want = kernels.max_over_windows(x, weight, bias)
+        torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
+        torch.testing.assert_close(want, torch.nn.functional.conv1d(x, weight, bias).amax(-1), atol=0, rtol=0)
+
+
+def test_inference_with_all_kernels_off_equals_on(tiny_sentences):
+    torch.manual_seed(0)
+    bilm = BiLM(preset("tiny")).eval()
+    batches = [batch_to_ids([s.split() for s in group[:5]]) for group in tiny_sentences]
+    with torch.no_grad():
+        on = [bilm(ids).layers for ids in batches]  # the token cache serves the later batches
+        assert bilm.token_encoder.cache_stats[0] > 0
+        with kernels.disabled():
+            assert not kernels.enabled() and not kernels.enabled("token_cache")
+            stats = bilm.token_encoder.cache_stats
+            off = [bilm(ids).layers for ids in batches]
+            assert bilm.token_encoder.cache_stats == stats  # off: the cache is not used
+    assert kernels.enabled()
+    for a, b in zip(on, off):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_switch():
+    assert kernels.enabled() and all(kernels.enabled(name) for name in kernels.NAMES)
+    with kernels.disabled("token_cache"):
+        assert not kernels.enabled() and not kernels.enabled("token_cache")
+        assert kernels.enabled("sampled_softmax")
+        with kernels.disabled():
+            assert not any(kernels.enabled(name) for name in kernels.NAMES)
+        assert not kernels.enabled("token_cache") and kernels.enabled("char_cnn_matmul")
+    assert kernels.enabled()
+    kernels.set_enabled(False)
+    try:
+        assert not any(kernels.enabled(name) for name in kernels.NAMES)
+        kernels.set_enabled(True, "token_cache")
+        assert kernels.enabled("token_cache") and not kernels.enabled("sampled_softmax")
+    finally:
+        kernels.set_enabled(True)
+    assert kernels.enabled()
+    with pytest.raises(ValueError, match="unknown kernel"):
+        kernels.enabled("lstm")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        kernels.set_enabled(False, "fast")
+
+
+@pytest.mark.parametrize(
+    "value, on",
+    [
+        ("0", []),
+        ("1", list(kernels.NAMES)),
+        ("token_cache,sampled_softmax", ["sampled_softmax", "token_cache"]),
+        ("-token_cache", [n for n in kernels.NAMES if n != "token_cache"]),
+    ],
+)
+def test_switch_from_the_environment(value, on):
+    code = "from elmokit import kernels; print(','.join(n for n in kernels.NAMES if kernels.enabled(n)))"
+    env = {**os.environ, "ELMOKIT_KERNELS": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ",".join(n for n in kernels.NAMES if n in on)
+    env["ELMOKIT_KERNELS"] = "lstm,-cache"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "unknown kernel cache, lstm" in bad.stderr
 
 
 @pytest.mark.parametrize("collide", [False, True])

@@ -8,9 +8,10 @@ At run time every id is shifted by +1 so that 0 means "no token" (padding).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 
 import torch
+
+from .token_cache import LruCache
 
 MAX_CHARACTERS_PER_TOKEN = 50
 BEGIN_OF_SENTENCE_CHAR = 256  # <S>
@@ -28,7 +29,10 @@ def _marker_ids(char: int, max_chars: int) -> tuple[int, ...]:
     return tuple(ids)
 
 
-@lru_cache(maxsize=200_000)
+# the ids of the most recently used tokens, by (token, max_chars)
+_IDS: LruCache[tuple[str, int], tuple[int, ...]] = LruCache(200_000)
+
+
 def token_to_ids(token: str, max_chars: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[int, ...]:
     """Unshifted character ids (0..260) of one token, length ``max_chars``.
 
@@ -37,6 +41,16 @@ def token_to_ids(token: str, max_chars: int = MAX_CHARACTERS_PER_TOKEN) -> tuple
     """
     if not isinstance(token, str):
         raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
+    key = (token, max_chars)
+    ids = _IDS.get(key)
+    if ids is None:
+        ids = _token_to_ids(token, max_chars)
+        _IDS.put(key, ids)
+    return ids
+
+
+def _token_to_ids(token: str, max_chars: int) -> tuple[int, ...]:
+    """``token_to_ids`` of a str, without the cache."""
     if token == "":
         raise ValueError("empty token: every token must have at least one character")
     if max_chars < 3:

@@ -40,13 +40,15 @@ from typing import Any
 
 import numpy as np
 
+from .atomic import write_text
 from .characters import BOS_TOKEN, EOS_TOKEN, MAX_CHARACTERS_PER_TOKEN, token_to_ids
+from .token_cache import LruCache
 
 UNK_TOKEN = "<UNK>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 _SKIPPED_VOCAB_LINE = "!!!MAXTERMID"  # marker line of lm_1b vocabulary files; bilm-tf skips it
 _STATE_VERSION = 1
-_OOV_CACHE = 100_000  # out-of-vocabulary tokens whose char ids are kept
+_OOV_CACHE = 100_000  # out-of-vocabulary tokens whose char ids are kept (the most recent)
 
 PathLike = str | os.PathLike
 Files = PathLike | Sequence[PathLike]
@@ -130,9 +132,7 @@ class Vocabulary:
 
     def save(self, path: PathLike) -> None:
         """Write one token per line (UTF-8), readable by :meth:`from_file` and by bilm-tf."""
-        with open(path, "w", encoding="utf-8") as f:
-            for token in self._tokens:
-                f.write(token + "\n")
+        write_text(path, "".join(token + "\n" for token in self._tokens))
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -436,7 +436,7 @@ class _TokenEncoder:
         # Zero-filled pages are only committed when written: cost grows with the tokens seen.
         self._table = np.zeros((len(vocab), max_chars), dtype=np.int16)
         self._filled = np.zeros(len(vocab), dtype=bool)
-        self._oov_chars: dict[str, np.ndarray] = {}  # bounded: emptied when it reaches _OOV_CACHE
+        self._oov_chars: LruCache[str, np.ndarray] = LruCache(_OOV_CACHE)
 
     def _chars(self, token: str) -> np.ndarray:
         return np.asarray(token_to_ids(token, self.max_chars), dtype=np.int16) + self.char_id_offset
@@ -460,9 +460,8 @@ class _TokenEncoder:
             for j in np.flatnonzero(oov).tolist():
                 row = cache.get(tokens[j])
                 if row is None:
-                    if len(cache) >= _OOV_CACHE:
-                        cache.clear()
-                    row = cache[tokens[j]] = self._chars(tokens[j])
+                    row = self._chars(tokens[j])
+                    cache.put(tokens[j], row)
                 chars[j] = row
         return ids, chars
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from array import array as typed_array
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,11 +24,13 @@ import h5py
 import numpy as np
 import torch
 
+from . import kernels
 from .atomic import atomic_path
 from .bilm import BiLM, CarriedState
 from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
 from .lstm import LstmState
 from .pretrained import DEFAULT_MODEL, model_files
+from .token_cache import EncodingCache
 
 MODES = ("warm", "zero", "stateful")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -36,41 +38,47 @@ LAYERS = ("all", "top", "average")
 
 
 class TokenCache:
-    """Context-independent token vectors, computed once per distinct token (LRU, ``size`` tokens).
+    """Context-independent token vectors of the last ``size`` distinct tokens (LRU), computed once
+    per distinct token; ``size = 0`` (or the kernel ``token_cache`` off) computes every call's.
 
-    A token's vector does not depend on the other tokens, so the cache never changes a result.
+    A token's vector depends on nothing but the token and the token encoder's weights, and each
+    lookup first compares the weights with those that computed the kept vectors
+    (``token_cache.EncodingCache``), so the cache never changes a result.
     """
 
     def __init__(self, bilm: BiLM, size: int = 100_000) -> None:
         self.bilm, self.size = bilm, size
-        self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.hits = self.misses = 0
+        self._cache: EncodingCache[str] = EncodingCache(size)
+
+    @property
+    def hits(self) -> int:
+        """Distinct tokens found from earlier batches (since the cache was last emptied)."""
+        return self._cache.hits
+
+    @property
+    def misses(self) -> int:
+        """Distinct tokens computed through the cache (since it was last emptied)."""
+        return self._cache.misses
 
     @torch.inference_mode()
     def lookup(self, tokens: Sequence[str]) -> list[torch.Tensor]:
         """One (projection_dim,) vector per token."""
-        distinct = dict.fromkeys(tokens)
-        missing = [t for t in distinct if t not in self._vectors]
-        self.misses += len(missing)  # distinct tokens computed
-        self.hits += len(distinct) - len(missing)  # distinct tokens found from earlier batches
-        computed = {}
-        if missing:
-            max_chars = self.bilm.options.char_cnn.max_characters_per_token
-            ids = tokens_to_ids(missing, max_chars).to(_device(self.bilm))
-            computed = dict(zip(missing, self.bilm.token_encoder.encode_unique(ids)))
-        out = []
-        for t in tokens:
-            vector = computed.get(t)
-            if vector is None:
-                vector = self._vectors[t]
-                self._vectors.move_to_end(t)
-            out.append(vector)
-        if self.size > 0:
-            for t, vector in computed.items():
-                self._vectors[t] = vector
-            while len(self._vectors) > self.size:
-                self._vectors.popitem(last=False)
-        return out
+        distinct = list(dict.fromkeys(tokens))
+        encoder = self.bilm.token_encoder
+        max_chars = self.bilm.options.char_cnn.max_characters_per_token
+
+        def encode(positions: list[int]) -> torch.Tensor:
+            ids = tokens_to_ids([distinct[i] for i in positions], max_chars)
+            return encoder.encode_unique(ids.to(_device(self.bilm)))
+
+        if self.size > 0 and kernels.enabled("token_cache"):
+            if self._cache.capacity != self.size:
+                self._cache = EncodingCache(self.size)
+            vectors = self._cache.lookup(distinct, encoder.parameters(), encode)
+        else:
+            vectors = encode(list(range(len(distinct))))
+        rows = dict(zip(distinct, vectors.unbind(0)))
+        return [rows[t] for t in tokens]
 
 
 class SentenceIndex:

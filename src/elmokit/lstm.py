@@ -17,13 +17,17 @@ output at step t, so the recurrence reads the previous step's block of the outpu
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import needs_autograd
 from .options import LstmOptions
+
+__all__ = ["BiLstm", "BiLstmLayer", "LstmState", "Packing", "needs_autograd"]
 
 FORGET_BIAS = 1.0
 
@@ -96,186 +100,17 @@ class Packing(NamedTuple):
         """Number of packed rows (real positions)."""
         return self.offsets[-1] if self.offsets else 0
 
-
-def needs_autograd(module: nn.Module, *tensors: torch.Tensor) -> bool:
-    """Whether to run out-of-place (autograd, or autocast, which in-place ops would bypass)."""
-    if torch.is_autocast_enabled(tensors[0].device.type):
-        return True
-    return torch.is_grad_enabled() and (
-        any(t.requires_grad for t in tensors) or any(p.requires_grad for p in module.parameters())
-    )
-
-
-def full_precision(tensor: torch.Tensor) -> bool:
-    """Whether the hand-written training kernels (``_LayerRecurrence``, the char CNN's
-    ``_PooledConvolutions``) apply: float32 or float64 and no autocast."""
-    return tensor.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
-        tensor.device.type
-    )
-
-
-def _use_fused_recurrence(inputs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, packing: Packing) -> bool:
-    """Whether the training recurrence can run as one autograd node (``_LayerRecurrence``):
-    full-precision tensors of one dtype, at least one real position."""
-    return packing.size > 0 and full_precision(inputs) and h0.dtype == c0.dtype == inputs.dtype
-
-
-def _final_states(initial: torch.Tensor, packed: torch.Tensor, packing: Packing) -> torch.Tensor:
-    """Each sorted row's state after its last step, taken from the packed per-step states
-    (2, n_packed, d); rows of length 0 keep ``initial`` (2, batch, d)."""
-    final = initial.clone()
-    ran = (packing.last >= 0).nonzero(as_tuple=True)[0]
-    if len(ran):
-        final[:, ran.to(final.device)] = packed[:, packing.last[ran].to(packed.device)]
-    return final
-
-
-class _LayerRecurrence(torch.autograd.Function):
-    """One BiLstmLayer over packed inputs as a single autograd node, for training.
-
-    The forward pass is the arithmetic of ``BiLstmLayer._step`` written into preallocated
-    buffers (it keeps the activated gates, the cells, tanh of the cells and the clip masks);
-    the backward pass runs the recurrence backwards by hand and computes the weight gradients
-    once for all timesteps (one matmul over all packed rows instead of one per step), so the
-    per-step work is two small matmuls and a few elementwise ops, with no autograd bookkeeping.
-    Values and gradients equal those of ``BiLstmLayer._recur_autograd`` (still used under
-    autocast and for reduced precision) up to float rounding; the weight gradients' sums run
-    in another order.
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        inputs: torch.Tensor,
-        h0: torch.Tensor,
-        c0: torch.Tensor,
-        w_input: torch.Tensor,
-        bias: torch.Tensor,
-        w_hidden: torch.Tensor,
-        w_proj: torch.Tensor | None,
-        packing: Packing,
-        cell_clip: float | None,
-        proj_clip: float | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        sizes, offsets = packing.batch_sizes, packing.offsets
-        steps = sum(1 for n in sizes if n > 0)  # sizes do not increase
-        dim = w_hidden.shape[-1] // 4
-        out_dim = h0.shape[-1]
-        # input side of every step at once; the buffer then holds the activated gates
-        acts = torch.baddbmm(bias.unsqueeze(1), inputs, w_input)
-        cells = inputs.new_empty(2, packing.size, dim)
-        tanh_cells = torch.empty_like(cells)
-        hidden = torch.empty_like(cells) if w_proj is not None else None  # o * tanh(c)
-        out = inputs.new_empty(2, packing.size, out_dim)
-        cell_mask = None if cell_clip is None else torch.empty_like(cells, dtype=torch.bool)
-        out_mask = None if proj_clip is None else torch.empty_like(out, dtype=torch.bool)
-        h_prev, c_prev = h0, c0
-        for t in range(steps):
-            n, a, b = sizes[t], offsets[t], offsets[t + 1]
-            gates = acts[:, a:b]
-            gates.baddbmm_(h_prev[:, :n], w_hidden)
-            i, j, f, o = gates.chunk(4, dim=-1)
-            f.add_(FORGET_BIAS)
-            gates[..., 2 * dim :].sigmoid_()  # f and o
-            i.sigmoid_()
-            j.tanh_()
-            c = cells[:, a:b]
-            torch.mul(f, c_prev[:, :n], out=c).add_(i * j)
-            if cell_clip is not None:
-                torch.le(c.abs(), cell_clip, out=cell_mask[:, a:b])
-                c.clamp_(-cell_clip, cell_clip)
-            tc = torch.tanh(c, out=tanh_cells[:, a:b])
-            h = out[:, a:b]
-            if w_proj is not None:
-                torch.bmm(torch.mul(o, tc, out=hidden[:, a:b]), w_proj, out=h)
-            else:
-                torch.mul(o, tc, out=h)
-            if proj_clip is not None:
-                torch.le(h.abs(), proj_clip, out=out_mask[:, a:b])
-                h.clamp_(-proj_clip, proj_clip)
-            h_prev, c_prev = h, c
-        final_h, final_c = _final_states(h0, out, packing), _final_states(c0, cells, packing)
-        ctx.packing, ctx.steps = packing, steps
-        ctx.save_for_backward(
-            inputs, h0, c0, w_input, w_hidden, w_proj, acts, cells, tanh_cells, hidden, out,
-            cell_mask, out_mask,
-        )
-        return out, final_h, final_c
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, d_out: torch.Tensor, d_final_h: torch.Tensor, d_final_c: torch.Tensor):  # type: ignore[override]
-        (
-            inputs, h0, c0, w_input, w_hidden, w_proj, acts, cells, tanh_cells, hidden, out,
-            cell_mask, out_mask,
-        ) = ctx.saved_tensors
-        packing, steps = ctx.packing, ctx.steps
-        sizes, offsets = packing.batch_sizes, packing.offsets
-        d_acts = torch.empty_like(acts)  # gradient of the gates before activation
-        d_out_clipped = torch.empty_like(out) if w_proj is not None else None
-        w_hidden_t = w_hidden.transpose(1, 2)
-        w_proj_t = w_proj.transpose(1, 2) if w_proj is not None else None
-        dh_next = dc_next = None  # gradients flowing into step t from step t + 1
-        for t in range(steps - 1, -1, -1):
-            n, a, b = sizes[t], offsets[t], offsets[t + 1]
-            n_next = sizes[t + 1] if t + 1 < steps else 0
-            dh = d_out[:, a:b].clone()
-            dh[:, n_next:] += d_final_h[:, n_next:n]  # rows whose last step is t
-            if dh_next is not None:
-                dh[:, :n_next] += dh_next
-            if out_mask is not None:
-                dh.mul_(out_mask[:, a:b])
-            i, j, f, o = acts[:, a:b].chunk(4, dim=-1)
-            tc = tanh_cells[:, a:b]
-            if w_proj is not None:
-                d_out_clipped[:, a:b] = dh
-                dm = torch.bmm(dh, w_proj_t)
-            else:
-                dm = dh
-            # m = o * tanh(c)
-            dc = dm * o
-            dc.mul_(1.0 - tc * tc)
-            dc[:, n_next:] += d_final_c[:, n_next:n]
-            if dc_next is not None:
-                dc[:, :n_next] += dc_next
-            if cell_mask is not None:
-                dc.mul_(cell_mask[:, a:b])
-            c_prev = cells[:, offsets[t - 1] : offsets[t - 1] + n] if t > 0 else c0[:, :n]
-            gi, gj, gf, go = d_acts[:, a:b].chunk(4, dim=-1)
-            # c = f * c_prev + i * j; the gates' derivatives through sigmoid and tanh
-            torch.mul(dc, j, out=gi).mul_(i * (1.0 - i))
-            torch.mul(dc, i, out=gj).mul_(1.0 - j * j)
-            torch.mul(dc, c_prev, out=gf).mul_(f * (1.0 - f))
-            torch.mul(dm, tc, out=go).mul_(o * (1.0 - o))
-            dc_next = dc.mul_(f)
-            dh_next = torch.bmm(d_acts[:, a:b], w_hidden_t)
-        # the first step's recurrence reads h0, c0 (rows 0 .. sizes[0] - 1); rows of length 0
-        # pass their initial state through
-        n0 = sizes[0]
-        d_h0 = d_final_h.clone()
-        d_c0 = d_final_c.clone()
-        d_h0[:, :n0] = dh_next
-        d_c0[:, :n0] = dc_next
-        needs = ctx.needs_input_grad
-        d_inputs = d_w_input = d_bias = d_w_hidden = d_w_proj = None
-        if needs[0]:
-            d_inputs = torch.bmm(d_acts, w_input.transpose(1, 2))
-        if needs[3]:
-            d_w_input = torch.bmm(inputs.transpose(1, 2), d_acts)
-        if needs[4]:
-            d_bias = d_acts.sum(dim=1)
-        if needs[5]:
-            # the h each step's recurrence read: h0 for step 0, else the previous step's outputs
-            previous = [h0[:, :n0]] + [
-                out[:, offsets[t - 1] : offsets[t - 1] + sizes[t]] for t in range(1, steps)
-            ]
-            d_w_hidden = torch.bmm(torch.cat(previous, dim=1).transpose(1, 2), d_acts)
-        if w_proj is not None and needs[6]:
-            d_w_proj = torch.bmm(hidden.transpose(1, 2), d_out_clipped)
-        return (
-            d_inputs, d_h0 if needs[1] else None, d_c0 if needs[2] else None, d_w_input, d_bias,
-            d_w_hidden, d_w_proj, None, None, None,
-        )
+    def groups(self, max_rows: int) -> Iterator[tuple[int, int]]:
+        """(first step, end step) of consecutive groups of the running steps, each of at most
+        ``max_rows`` packed rows (or one step, if that step alone has more)."""
+        sizes, offsets = self.batch_sizes, self.offsets
+        start = 0
+        while start < len(sizes) and sizes[start] > 0:
+            end = start + 1
+            while end < len(sizes) and sizes[end] > 0 and offsets[end + 1] - offsets[start] <= max_rows:
+                end += 1
+            yield start, end
+            start = end
 
 
 class BiLstmLayer(nn.Module):
@@ -311,71 +146,28 @@ class BiLstmLayer(nn.Module):
             nn.init.uniform_(self.weight_projection, -bound, bound)
 
     def forward(
-        self,
-        inputs: torch.Tensor,
-        packing: Packing,
-        h0: torch.Tensor,
-        c0: torch.Tensor,
-        out: torch.Tensor | None = None,
+        self, inputs: torch.Tensor, packing: Packing, h0: torch.Tensor, c0: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the recurrence over time on packed inputs.
 
         inputs: (2, n_packed, input_dim) (see ``Packing``); h0 (2, batch, projection_dim) and
         c0 (2, batch, dim) in sorted row order. Returns the packed outputs (2, n_packed,
         projection_dim) and the final h and c of each (sorted) row, taken after its last step
-        (rows of length 0 keep h0, c0). When no gradient is needed the outputs are written into
-        ``out`` if given.
+        (rows of length 0 keep h0, c0).
+
+        Each step's h and c are new tensors; the next step reads their first rows. The input
+        side of the gates is computed for groups of steps: all at once with autograd (the
+        backward pass keeps every step's gates anyway), else groups of at most
+        ``INPUT_CHUNK_ELEMENTS`` values, which bounds memory for long or large batches.
         """
-        if needs_autograd(self, inputs, h0, c0):
-            if _use_fused_recurrence(inputs, h0, c0, packing):
-                return _LayerRecurrence.apply(
-                    inputs, h0, c0, self.weight_input, self.bias, self.weight_hidden,
-                    self.weight_projection, packing, self.cell_clip, self.proj_clip,
-                )
-            return self._recur_autograd(inputs, packing, h0, c0)
-        return self._recur_inplace(inputs, packing, h0, c0, out)
-
-    def _input_chunks(self, inputs: torch.Tensor, packing: Packing, inplace: bool = False):
-        """(first step, end step, input-side gates (2, rows, 4 * dim)) for groups of steps.
-
-        In place, the groups hold at most INPUT_CHUNK_ELEMENTS values and are all written into
-        one buffer (the caller must be done with a group before asking for the next). Out of
-        place (autograd) all steps form one group: the backward pass keeps every step's gates
-        anyway, so smaller groups would not bound memory."""
-        limit = max(INPUT_CHUNK_ELEMENTS // (8 * self.dim), 1) if inplace else packing.size
         sizes, offsets = packing.batch_sizes, packing.offsets
-        steps = len(sizes)
+        grad = needs_autograd(self, inputs, h0, c0)
+        group_rows = packing.size if grad else max(INPUT_CHUNK_ELEMENTS // (8 * self.dim), 1)
         bias = self.bias.unsqueeze(1)
-        buffer = None
-        start = 0
-        while start < steps and sizes[start] > 0:
-            end = start + 1
-            while end < steps and sizes[end] > 0 and offsets[end + 1] - offsets[start] <= limit:
-                end += 1
-            rows = inputs[:, offsets[start] : offsets[end]]
-            if not inplace:
-                yield start, end, torch.baddbmm(bias, rows, self.weight_input)
-            else:
-                if buffer is None:
-                    size = min(max(limit, rows.shape[1]), offsets[-1] - offsets[start])
-                    buffer = inputs.new_empty(2, size, 4 * self.dim)
-                if buffer.shape[1] < rows.shape[1]:  # one step larger than the limit
-                    buffer = inputs.new_empty(2, rows.shape[1], 4 * self.dim)
-                projected = buffer[:, : rows.shape[1]]
-                projected.copy_(bias.expand_as(projected)).baddbmm_(rows, self.weight_input)
-                yield start, end, projected
-            start = end
-
-    def _recur_autograd(
-        self, inputs: torch.Tensor, packing: Packing, h0: torch.Tensor, c0: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Out-of-place steps (for back-propagation under autocast or in reduced precision;
-        otherwise ``_LayerRecurrence`` runs): each step's h and c are new tensors, the next
-        step reads their first rows; no full-size copy per step."""
-        sizes = packing.batch_sizes
         h, c = h0, c0
         outputs, ended_h, ended_c = [], [], []
-        for start, end, projected in self._input_chunks(inputs, packing):
+        for start, end in packing.groups(group_rows):
+            projected = torch.baddbmm(bias, inputs[:, offsets[start] : offsets[end]], self.weight_input)
             # One view per step from one split: its backward concatenates the step gradients
             # once, where slicing would add each into a zero-filled tensor of the full size.
             per_step = projected.split(sizes[start:end], dim=1)
@@ -397,7 +189,8 @@ class BiLstmLayer(nn.Module):
     def _step(
         self, projected: torch.Tensor, h: torch.Tensor, c: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One timestep for n rows: projected (2, n, 4 * dim), h (2, n, proj), c (2, n, dim)."""
+        """The LSTM cell, one timestep for n rows: projected (2, n, 4 * dim) (the input side of
+        the gates), h (2, n, proj), c (2, n, dim) -> the new h and c."""
         gates = torch.baddbmm(projected, h, self.weight_hidden)
         i, j, f, o = gates.chunk(4, dim=-1)
         c = torch.sigmoid(f + FORGET_BIAS) * c + torch.sigmoid(i) * torch.tanh(j)
@@ -409,68 +202,6 @@ class BiLstmLayer(nn.Module):
         if self.proj_clip is not None:
             h = h.clamp(-self.proj_clip, self.proj_clip)
         return h, c
-
-    @torch.no_grad()
-    def _recur_inplace(
-        self,
-        inputs: torch.Tensor,
-        packing: Packing,
-        h0: torch.Tensor,
-        c0: torch.Tensor,
-        out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The same arithmetic as ``_step``, in place and without allocation per step.
-
-        Each step's gates and h go to contiguous scratch buffers, then h is copied into the
-        output: a matmul into a strided slice of a larger tensor does not take the threaded
-        batched path (at batch 1 it ran at half speed on 2 cores). The views of the buffers are
-        made once per row count."""
-        sizes, offsets = packing.batch_sizes, packing.offsets
-        dim, proj = self.dim, self.output_dim
-        if out is None:
-            out = inputs.new_empty(2, packing.size, proj)
-        c = c0.clone()
-        w_hidden, w_proj = self.weight_hidden, self.weight_projection
-        widest = sizes[0] if sizes else 0
-        gate_buffer = inputs.new_empty(2 * widest * 4 * dim)
-        h_buffers = (inputs.new_empty(2 * widest * proj), inputs.new_empty(2 * widest * proj))
-        views: dict[int, tuple[torch.Tensor, ...]] = {}
-
-        def step_views(n: int) -> tuple[torch.Tensor, ...]:
-            """gates, i, j, f, (f, o), o, c, h (even steps), h (odd steps) for n rows."""
-            gates = gate_buffer[: 2 * n * 4 * dim].view(2, n, 4 * dim)
-            h = [b[: 2 * n * proj].view(2, n, proj) for b in h_buffers]
-            gate_views = [gates[..., a * dim : b * dim] for a, b in ((0, 1), (1, 2), (2, 3), (2, 4), (3, 4))]
-            return (gates, *gate_views, c[:, :n], *h)
-
-        h_prev = h0.contiguous()
-        for start, end, projected in self._input_chunks(inputs, packing, inplace=True):
-            base = offsets[start]
-            for t in range(start, end):
-                n = sizes[t]
-                if n not in views:
-                    views[n] = step_views(n)
-                gates, i, j, f, f_and_o, o, c_t, h_even, h_odd = views[n]
-                step_inputs = projected[:, offsets[t] - base : offsets[t + 1] - base]
-                torch.baddbmm(step_inputs, h_prev[:, :n], w_hidden, out=gates)
-                f.add_(FORGET_BIAS)
-                f_and_o.sigmoid_()
-                i.sigmoid_()
-                j.tanh_()
-                c_t.mul_(f).addcmul_(i, j)
-                if self.cell_clip is not None:
-                    c_t.clamp_(-self.cell_clip, self.cell_clip)
-                h_t = h_odd if t % 2 else h_even
-                if w_proj is not None:
-                    torch.tanh(c_t, out=j).mul_(o)
-                    torch.bmm(j, w_proj, out=h_t)
-                else:
-                    torch.tanh(c_t, out=h_t).mul_(o)
-                if self.proj_clip is not None:
-                    h_t.clamp_(-self.proj_clip, self.proj_clip)
-                out[:, offsets[t] : offsets[t + 1]].copy_(h_t)
-                h_prev = h_t
-        return out, _final_states(h0, out, packing), c
 
 
 class BiLstm(nn.Module):
@@ -533,11 +264,6 @@ class BiLstm(nn.Module):
             state = LstmState(state.h.to(inputs.dtype), state.c.to(inputs.dtype))
         if packing.order is not None:
             state = state.select(packing.order)
-        grad = needs_autograd(self, inputs, state.h, state.c)
-        buffer = None
-        if not grad:
-            n_layers, proj = len(self.layers), self.options.projection_dim
-            buffer = inputs.new_empty(n_layers, 2, packing.size, proj)
         x = inputs
         outputs, final_h, final_c = [], [], []
         for k, layer in enumerate(self.layers):
@@ -545,14 +271,14 @@ class BiLstm(nn.Module):
                 size, index = dropout_layout
                 noise = F.dropout(x.new_ones(2, size, x.shape[-1]), self.dropout, True)
                 x = x * noise.index_select(1, index)
-            out, h, c = layer(x, packing, state.h[k], state.c[k], None if grad else buffer[k])
+            out, h, c = layer(x, packing, state.h[k], state.c[k])
             if k > 0 and self.options.use_skip_connections:
-                out = out + x if grad else out.add_(x)
+                out = out + x
             outputs.append(out)
             final_h.append(h)
             final_c.append(c)
             x = out
-        packed = torch.stack(outputs) if grad else buffer
+        packed = torch.stack(outputs)
         final = LstmState(torch.stack(final_h), torch.stack(final_c))
         if packing.order is not None:
             final = final.select(torch.argsort(packing.order))

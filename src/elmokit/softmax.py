@@ -11,11 +11,12 @@ Ids must be sorted by descending frequency for the log-uniform proposal to make 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import kernels
 
 __all__ = [
     "LogUniformSampler",
@@ -194,66 +195,6 @@ def _check_hidden(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Ten
         raise ValueError(f"hidden has {hidden.shape[0]} rows but targets has {targets.shape[0]} entries")
 
 
-def _accidental_hits(targets: torch.Tensor, sampled_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, columns) where ``sampled_ids[column] == targets[row]``; sampled ids are distinct,
-    so each row has at most one hit. The same entries as ``targets[:, None] == sampled_ids``,
-    found by a binary search instead of an (N, S) comparison."""
-    if sampled_ids.numel() == 0:
-        empty = targets.new_zeros(0)
-        return empty, empty
-    ordered, order = torch.sort(sampled_ids)
-    position = torch.searchsorted(ordered, targets).clamp_(max=len(ordered) - 1)
-    rows = (ordered[position] == targets).nonzero(as_tuple=True)[0]
-    return rows, order[position[rows]]
-
-
-class _SampledLogPartition(torch.autograd.Function):
-    """log(exp(true_logit) + sum_s exp(h.w_s + bias_s)) per row, accidental hits left out.
-
-    hidden (N, D), sampled_w (S, D), sampled_bias (S,), true_logits (N,), hits as (rows,
-    columns) -> (N,). The value is the log partition function of the cross entropy over
-    [true, sampled] logits, computed in one (N, S) buffer that holds the logits, then their
-    exponentials (shifted by the row maximum), which the backward pass reads.
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        hidden: torch.Tensor,
-        sampled_w: torch.Tensor,
-        sampled_bias: torch.Tensor,
-        true_logits: torch.Tensor,
-        hit_rows: torch.Tensor,
-        hit_columns: torch.Tensor,
-    ) -> torch.Tensor:
-        logits = torch.addmm(sampled_bias.unsqueeze(0), hidden, sampled_w.t())
-        # TensorFlow adds -FLT_MAX to accidental hits; their exponential is 0 either way
-        logits[hit_rows, hit_columns] = torch.finfo(logits.dtype).min
-        top = torch.maximum(logits.amax(dim=1), true_logits)
-        exp = logits.sub_(top.unsqueeze(1)).exp_()
-        exp_true = torch.exp(true_logits - top)
-        total = exp.sum(dim=1).add_(exp_true)
-        ctx.save_for_backward(hidden, sampled_w, exp, exp_true, total)
-        return top + torch.log(total)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
-        hidden, sampled_w, exp, exp_true, total = ctx.saved_tensors
-        # d/d logits = exp * scale (row-wise; 0 at the hits): the scale is applied to the
-        # smaller factors so that the (N, S) buffer is only read
-        scale = grad / total
-        needs = ctx.needs_input_grad
-        return (
-            (exp @ sampled_w).mul_(scale.unsqueeze(1)) if needs[0] else None,
-            exp.t() @ (hidden * scale.unsqueeze(1)) if needs[1] else None,
-            exp.t() @ scale if needs[2] else None,
-            exp_true * scale if needs[3] else None,
-            None,
-            None,
-        )
-
-
 def sampled_softmax_loss(
     hidden: torch.Tensor,
     targets: torch.Tensor,
@@ -333,11 +274,15 @@ def _sampled_loss_from_rows(
     """The per-row losses of one group from its gathered softmax rows."""
     num_rows, device = targets.shape[0], hidden.device
     true_logits = (hidden * true_w).sum(dim=1) + true_b - torch.log(true_expected_counts)
-    if not torch.is_autocast_enabled(device.type) and hidden.dtype == sampled_w.dtype:
-        # the same loss without the (N, S) temporaries of the generic path below
-        rows, columns = _accidental_hits(targets, sampled_ids)
+    if (
+        kernels.enabled("sampled_softmax")
+        and not torch.is_autocast_enabled(device.type)
+        and hidden.dtype == sampled_w.dtype
+    ):
         sampled_bias = sampled_b - torch.log(sampled_expected_counts)
-        log_z = _SampledLogPartition.apply(hidden, sampled_w, sampled_bias, true_logits, rows, columns)
+        log_z = kernels.sampled_log_partition(
+            hidden, sampled_w, sampled_bias, true_logits, targets, sampled_ids
+        )
         return log_z - true_logits
     sampled_logits = hidden @ sampled_w.t() + sampled_b - torch.log(sampled_expected_counts)
     # TensorFlow adds -FLT_MAX to accidental hits; masking to the dtype's lowest value is the same

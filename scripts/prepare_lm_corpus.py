@@ -9,6 +9,7 @@ lm1b held-out shards can be used directly for perplexity.
         --reuters /work/shared/data/lm/reuters21578 \\
         --abc /work/shared/data/lm/abc_news \\
         --heldout /work/shared/data/lm/lm1b_heldout \\
+        [--wikipedia /work/shared/data/lm/wikipedia [--wikipedia-heldout 1]] \\
         --out runs/corpus [--shards 4] [--seed S]
 
 writes
@@ -46,6 +47,14 @@ ABC (NLTK "abc": ``rural.txt``, ``science.txt``) - training only
   valid UTF-8 (science.txt is Latin-1 in 27 lines), CR/LF normalised, HTML
   entities decoded; a few mojibake remnants (U+00C2 before C1 controls) removed.
   Each non-blank line is one "document" (it may hold several sentences).
+Wikipedia (``--wikipedia``: wikiextractor output, ``wiki_NN`` files of ``<doc ...>`` articles)
+  the ``<doc>``/``</doc>`` lines and each article's title line are stripped; every other
+  non-blank line is a paragraph. Section headings ("Professional career.": at most 6 words
+  ending in a full stop, with no other punctuation), table remnants (lines starting with
+  ``!``/``|``/``{`` or holding ``colspan=``, ``rowspan=``, ``style=``) and lines that do not end
+  like a sentence (list items, captions) are dropped. Each article is one document. The
+  last ``--wikipedia-heldout`` files (default 1) are not trained on: their sentences form
+  ``heldout/wikipedia-test.txt``.
 lm1b held-out shards (``--heldout``, files or directories)
   already tokenized; only read, never rewritten, to remove overlap from train.
 
@@ -66,7 +75,7 @@ Then, for every paragraph/line:
   * sentences without any letter (pure numbers/punctuation) are dropped.
 
 Training sentences that also occur (exactly, after tokenization) in any
-held-out set - Reuters valid/test or the ``--heldout`` files - are removed from
+held-out set - Reuters valid/test, the Wikipedia slice or the ``--heldout`` files - are removed from
 train. Exact duplicate sentences inside the running training text are kept
 (repeated boilerplate is normal in news) but counted and reported.
 
@@ -319,6 +328,58 @@ def abc_documents(paths: Sequence[str | os.PathLike], stats: Stats, log=None) ->
     return docs
 
 
+_WIKI_MARKUP_RE = re.compile(r"^[!|{]|colspan=|rowspan=|style=")
+_SENTENCE_END_RE = re.compile(r"""[.!?]["')\]]*$""")
+_HEADING_RE = re.compile(r"^[^.!?;,:]+\.$")
+
+
+def is_wikipedia_prose(line: str) -> bool:
+    """A Wikipedia paragraph worth training on: not a heading, table remnant or list item."""
+    line = line.strip()
+    if not line or _WIKI_MARKUP_RE.search(line) or not _SENTENCE_END_RE.search(line):
+        return False
+    return not (len(line.split()) <= 6 and _HEADING_RE.match(line))
+
+
+def wikipedia_paragraphs(path: str | os.PathLike) -> list[list[str]]:
+    """The prose paragraphs of each article of one wikiextractor file (titles and headings dropped)."""
+    articles: list[list[str]] = []
+    title_pending = False
+    for line in read_text_lines(path):
+        if line.startswith("<doc "):
+            articles.append([])
+            title_pending = True
+        elif line.startswith("</doc>"):
+            title_pending = False
+        elif line.strip() and articles:
+            if title_pending:  # the first non-blank line repeats the title
+                title_pending = False
+            elif is_wikipedia_prose(line):
+                articles[-1].append(clean_chars(line))
+    return [a for a in articles if a]
+
+
+def wikipedia_documents(paths: Sequence[str | os.PathLike], stats: Stats, log=None) -> list[list[str]]:
+    """Documents (one per article) of tokenized sentences from wikiextractor files."""
+    docs = []
+    for path in paths:
+        t0 = time.time()
+        articles = wikipedia_paragraphs(path)
+        for paragraphs in articles:
+            sents = []
+            for para in paragraphs:
+                for s in split_and_tokenize(para):
+                    if keep_sentence(s):
+                        sents.append(s)
+                    else:
+                        stats.dropped_no_letter += 1
+            if sents:
+                docs.append(sents)
+        if log:
+            log(f"  {Path(path).name}: {len(articles)} articles with prose, {time.time() - t0:.1f}s")
+    return docs
+
+
 def read_heldout_sentences(paths: Iterable[str | os.PathLike]) -> list[str]:
     """Already tokenized held-out sentences (one per line), whitespace-normalised."""
     out = []
@@ -438,6 +499,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory with the NLTK abc corpus (rural.txt, science.txt); training only",
     )
     p.add_argument(
+        "--wikipedia",
+        metavar="DIR",
+        help="directory of wikiextractor output files (wiki_00, wiki_01, ...): English Wikipedia, "
+        "CC BY-SA; the last --wikipedia-heldout files become heldout/wikipedia-test.txt",
+    )
+    p.add_argument(
+        "--wikipedia-heldout",
+        type=int,
+        default=1,
+        metavar="N",
+        help="number of Wikipedia files (the last in name order) held out for testing (default 1)",
+    )
+    p.add_argument(
         "--heldout",
         nargs="+",
         default=[],
@@ -480,6 +554,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         abc_files = [abc_dir / n for n in ("rural.txt", "science.txt") if (abc_dir / n).is_file()]
         if not abc_files:
             _fail(f"--abc {abc_dir} has neither rural.txt nor science.txt")
+    if args.wikipedia_heldout < 1:
+        _fail(f"--wikipedia-heldout must be >= 1, got {args.wikipedia_heldout}")
+    wiki_files: list[Path] = []
+    if args.wikipedia is not None:
+        wiki_dir = Path(args.wikipedia)
+        if not wiki_dir.is_dir():
+            _fail(f"--wikipedia directory not found: {wiki_dir}")
+        wiki_files = sorted(f for f in wiki_dir.iterdir() if f.is_file() and f.name.startswith("wiki_"))
+        if len(wiki_files) <= args.wikipedia_heldout:
+            _fail(f"--wikipedia {wiki_dir} has {len(wiki_files)} wiki_* file(s); more than "
+                  f"--wikipedia-heldout {args.wikipedia_heldout} are needed")
     heldout_files = _heldout_files(args.heldout)
     out_dir = Path(args.out)
 
@@ -494,12 +579,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if abc_files:
         _log("ABC:")
         train_docs += abc_documents(abc_files, stats, _log)
+    wiki_test: list[str] = []
+    if wiki_files:
+        n_held = args.wikipedia_heldout
+        _log("Wikipedia train:")
+        train_docs += wikipedia_documents(wiki_files[:-n_held], stats, _log)
+        _log("Wikipedia held out:")
+        wiki_test = [s for d in wikipedia_documents(wiki_files[-n_held:], stats, _log) for s in d]
 
     valid = [s for d in valid_docs for s in d]
     test = [s for d in test_docs for s in d]
     _log(f"held-out files: {len(heldout_files)}")
     external = read_heldout_sentences(heldout_files)
-    reuters_heldout = set(valid) | set(test)
+    reuters_heldout = set(valid) | set(test) | set(wiki_test)
     external_set = set(external)
 
     n_before = sum(len(d) for d in train_docs)
@@ -516,6 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         outputs[out_dir / "train" / f"train-{i:0{width}d}-of-{args.shards:0{width}d}.txt"] = part
     outputs[out_dir / "heldout" / "reuters-valid.txt"] = valid
     outputs[out_dir / "heldout" / "reuters-test.txt"] = test
+    if wiki_files:
+        outputs[out_dir / "heldout" / "wikipedia-test.txt"] = wiki_test
 
     _log(f"writing {len(outputs)} files to {out_dir}")
     _write_atomic_all(outputs)
@@ -561,7 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"training sentences before held-out filtering: {n_before:,}; removed as also in Reuters "
-        f"valid/test: {removed_reuters:,}; removed as also in --heldout files "
+        f"valid/test{' or the Wikipedia slice' if wiki_files else ''}: {removed_reuters:,}; "
+        f"removed as also in --heldout files "
         f"({len(external):,} sentences, {len(heldout_files)} files): {removed_external:,}"
     )
     pct = 100.0 * extra / len(train) if train else 0.0

@@ -424,3 +424,56 @@ def test_missing_input_dir_gives_clear_error(tmp_path, capsys):
         P.main(["--reuters", str(rdir), "--out", str(tmp_path / "o")])
     assert "reut2-021.sgm" in str(exc.value)
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------
+# Wikipedia (wikiextractor output)
+# --------------------------------------------------------------------------
+
+WIKI = """<doc id="1" url="?curid=1" title="Jarred Shaw">
+Jarred Shaw
+
+Jarred Shaw (born September 28, 1990) is an American basketball player. He plays in Uruguay.
+Professional career.
+!colspan=9 style=|Regular Season
+On October 31, 2015, Shaw was selected by the Santa Cruz Warriors.
+Mr. Shaw's teams
+</doc>
+<doc id="2" url="?curid=2" title="Stub">
+Stub
+
+
+</doc>
+"""
+
+
+def test_wikipedia_titles_headings_and_markup_are_dropped(tmp_path):
+    (tmp_path / "wiki_00").write_text(WIKI, encoding="utf-8")
+    docs = P.wikipedia_documents([tmp_path / "wiki_00"], P.Stats())
+    assert docs == [
+        [
+            "Jarred Shaw ( born September 28 , 1990 ) is an American basketball player .",
+            "He plays in Uruguay .",
+            "On October 31 , 2015 , Shaw was selected by the Santa Cruz Warriors .",
+        ]
+    ]
+
+
+def test_main_with_wikipedia_holds_out_the_last_file(tmp_path, capsys):
+    rdir, adir, hdir = make_inputs(tmp_path)
+    wdir = tmp_path / "wiki"
+    wdir.mkdir()
+    extra = "A held-out sentence about Uruguay, for this test."
+    (wdir / "wiki_00").write_text(WIKI.replace("Uruguay.", "Uruguay.\n" + extra), encoding="utf-8")
+    (wdir / "wiki_01").write_text(f'<doc id="3" url="?curid=3" title="T">\nT\n\n{extra}\n</doc>\n',
+                                  encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["--reuters", str(rdir), "--abc", str(adir), "--heldout", str(hdir), "--out", str(out)]
+    assert P.main(argv + ["--wikipedia", str(wdir)]) == 0
+    capsys.readouterr()
+    train = (out / "train" / "train-00000-of-00001.txt").read_text(encoding="utf-8").splitlines()
+    wiki_test = (out / "heldout" / "wikipedia-test.txt").read_text(encoding="utf-8").splitlines()
+    assert wiki_test == ["A held-out sentence about Uruguay , for this test ."]
+    assert "He plays in Uruguay ." in train and "A held-out sentence about Uruguay , for this test ." not in train
+    with pytest.raises(SystemExit, match="wiki_\\* file"):
+        P.main(argv + ["--wikipedia", str(wdir), "--wikipedia-heldout", "2"])

@@ -193,7 +193,8 @@ class BiLstmLayer(nn.Module):
         the gates), h (2, n, proj), c (2, n, dim) -> the new h and c."""
         gates = torch.baddbmm(projected, h, self.weight_hidden)
         i, j, f, o = gates.chunk(4, dim=-1)
-        c = torch.sigmoid(f + FORGET_BIAS) * c + torch.sigmoid(i) * torch.tanh(j)
+        # c * f + i * j as one addcmul: the rounding of every elmokit release so far
+        c = torch.addcmul(c * torch.sigmoid(f + FORGET_BIAS), torch.sigmoid(i), torch.tanh(j))
         if self.cell_clip is not None:
             c = c.clamp(-self.cell_clip, self.cell_clip)
         h = torch.sigmoid(o) * torch.tanh(c)

@@ -290,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=2,
         help=f"run a configuration again (at most N times) when other processes used more than "
-        f"{BUSY:.0%} of the CPUs meanwhile (default 2)",
+        f"{BUSY * 100:.0f}%% of the CPUs meanwhile (default 2)",
     )
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument(

@@ -19,9 +19,9 @@ CONFIG = Path(__file__).parent.parent / "configs" / "news-512.json"
 def test_news_model_is_the_default_and_ships_its_files():
     assert DEFAULT_MODEL == NEWS and set(available_models()) == {NEWS, "elmo-tiny-reference"}
     folder = MODELS_DIR / NEWS
-    for name in ("options.json", "weights.hdf5", "vocab.txt", "training.json", "README.md"):
+    for name in ("options.json", "weights.hdf5", "vocab.txt", "softmax.hdf5", "training.json", "README.md"):
         assert (folder / name).is_file(), name
-    assert sum(p.stat().st_size for p in folder.iterdir()) < 25 * 2**20
+    assert sum(p.stat().st_size for p in folder.iterdir()) < 40 * 2**20
     options = json.loads((folder / "options.json").read_text())
     expected = json.loads(CONFIG.read_text())
     assert options["lstm"] == expected["lstm"] and options["char_cnn"] == expected["char_cnn"]
@@ -35,6 +35,22 @@ def test_model_card_states_the_training_run():
     card = (folder / "README.md").read_text(encoding="utf-8")
     assert f"{history['steps']:,}" in card and f"{history['tokens']:,}" in card
     assert history["config"]["state_reset"] == 0.01
+    assert "/work/" not in json.dumps(history) and not Path(history["config"]["train"]).is_absolute()
+
+
+def test_news_model_evaluates_by_name(tmp_path):
+    """`elmokit evaluate elmo-news-512` finds the shipped softmax, and gives the folder's figures."""
+    from elmokit.cli import main
+
+    text = tmp_path / "heldout.txt"
+    text.write_text("The company said profits rose 5 pct in 1986 .\nOil prices fell on Monday .\n")
+    figures = []
+    for model in (NEWS, str(MODELS_DIR / NEWS)):
+        out = tmp_path / "figures.json"
+        assert main(["evaluate", model, "--heldout", str(text), "--batch-size", "2", "--quiet", "--json", str(out)]) == 0
+        figures.append(json.loads(out.read_text()))
+    assert figures[0] == figures[1] and 0 < figures[0]["tokens"] <= 18  # 16 tokens + 2 </S>
+    assert 1.0 < figures[0]["average"] < 1000.0
 
 
 def test_news_model_has_a_start_state_that_warm_mode_uses():

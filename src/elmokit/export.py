@@ -21,6 +21,7 @@ from .checkpoints import (
 from .data import Vocabulary
 from .language_model import LanguageModel
 from .options import BiLMOptions
+from .pretrained import available_models, model_files
 from .weights import SOFTMAX_FILE, load_softmax, load_weights, save_options, save_softmax, save_weights
 
 TRAINING_FILE = "training.json"
@@ -29,9 +30,11 @@ TRAINING_FILE = "training.json"
 def load_language_model(
     model_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "latest"
 ) -> tuple[LanguageModel, Vocabulary]:
-    """(LanguageModel, Vocabulary) from a training save dir (its "latest" or "best" checkpoint)
-    or an exported model folder; the model is in eval mode."""
+    """(LanguageModel, Vocabulary) from a training save dir (its "latest" or "best" checkpoint),
+    an exported model folder or a shipped model's name; the model is in eval mode."""
     folder = Path(model_dir)
+    if not folder.is_dir() and str(model_dir) in available_models():
+        folder = model_files(model_dir)[0].parent  # a shipped model by name
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder not found: {folder}")
     vocab_file = folder / "vocab.txt"

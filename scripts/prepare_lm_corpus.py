@@ -6,10 +6,10 @@ tokenized the way the 1 Billion Word Benchmark (lm1b) was tokenized, so that the
 lm1b held-out shards can be used directly for perplexity.
 
     python scripts/prepare_lm_corpus.py \\
-        --reuters /work/shared/data/lm/reuters21578 \\
-        --abc /work/shared/data/lm/abc_news \\
-        --heldout /work/shared/data/lm/lm1b_heldout \\
-        [--wikipedia /work/shared/data/lm/wikipedia [--wikipedia-heldout 1]] \\
+        --reuters ../shared/data/lm/reuters21578 \\
+        --abc ../shared/data/lm/abc_news \\
+        --heldout ../shared/data/lm/lm1b_heldout \\
+        [--wikipedia ../shared/data/lm/wikipedia [--wikipedia-heldout 1]] \\
         --out runs/corpus [--shards 4] [--seed S]
 
 writes

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -37,5 +39,49 @@ def test_batch_to_ids_errors():
         batch_to_ids([["a"], ["b", ""]])
     with pytest.raises(TypeError, match="sentence 0 is a str"):
         batch_to_ids(["hello world"])
-    with pytest.raises(TypeError, match="list of token lists"):
+    with pytest.raises(
+        TypeError, match=r"^expected a list of sentences, each a list of str tokens, .*; got str$"
+    ):
         batch_to_ids("hello")
+
+
+EXPECTED = re.escape("expected a list of sentences, each a list of str tokens, e.g. [['Hello', 'world']]")
+
+
+@pytest.mark.parametrize(
+    "sentences, message",
+    [
+        ([None], r"^sentence 0 is NoneType, not a list of tokens; " + EXPECTED + "$"),
+        ([["a"], 7], r"^sentence 1 is int, not a list of tokens; "),
+        ([[["a", "b"]]], r"^sentence 0, token 0 is list, not a str: \['a', 'b'\]; " + EXPECTED + "$"),
+        ([["a", None]], r"^sentence 0, token 1 is NoneType, not a str: None; "),
+        ([["a", b"b"]], r"^sentence 0, token 1 is bytes, not a str: b'b'; "),
+        (None, r"^expected a list of sentences, .*; got NoneType$"),
+    ],
+)
+def test_batch_to_ids_names_what_it_expects(sentences, message):
+    with pytest.raises(TypeError, match=message):
+        batch_to_ids(sentences)
+
+
+def test_bilm_refuses_padding_between_tokens_and_ids_out_of_range(tiny_files):
+    """An all-zero token is padding: between real tokens it would shift them (lengths count the
+    real tokens, </S> would overwrite the last one), so the biLM refuses it and names it."""
+    from elmokit import BiLM
+
+    bilm = BiLM.load(*tiny_files)
+    ids = batch_to_ids([["a", "b", "c"], ["d", "e", "f"]])
+    ids[1, 1] = 0
+    with pytest.raises(
+        ValueError,
+        match=r"^char_ids row 1 has an all-zero \(padding\) token at position 1 before a real token at position 2;",
+    ):
+        bilm(ids)
+    ids[1, 1] = 300
+    with pytest.raises(ValueError, match=r"^char_ids must lie in 0\.\.261 .*, found 300$"):
+        bilm(ids)
+    with pytest.raises(ValueError, match=r"must hold integer ids .*, got torch.float32$"):
+        bilm(batch_to_ids([["a"]]).float())
+    trailing = batch_to_ids([["a", "b", "c"], ["d"]])  # padding after the last token is fine
+    with torch.no_grad():
+        assert bilm(trailing).mask.tolist() == [[True] * 3, [True, False, False]]

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import h5py
 import numpy as np
@@ -267,3 +272,125 @@ def test_embed_file_reads_a_pipe(tmp_path, bilm, sentences):
     summary = Embedder(bilm).embed_file(str(fifo), tmp_path / "out.hdf5", progress=False)
     writer.join()
     assert summary.sentences == 3
+
+
+def test_embed_refuses_to_replace_its_own_input(tmp_path, capsys):
+    source = write_lines(tmp_path / "in.txt", ["a b c", "d e"])
+    before = (tmp_path / "in.txt").read_bytes()
+    (tmp_path / "link.txt").symlink_to(tmp_path / "in.txt")
+    os.link(tmp_path / "in.txt", tmp_path / "hard.txt")
+    for output in (source, str(tmp_path / "link.txt"), str(tmp_path / "hard.txt")):
+        argv = ["embed", source, output, "--overwrite", "--quiet", "--model", "elmo-tiny-reference"]
+        assert main(argv) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"elmokit: error: output {output} is the input file {source}; write to another file"
+        )
+    argv = ["tokens", source, source, "--overwrite", "--model", "elmo-tiny-reference"]
+    assert main(argv) == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(f"elmokit: error: output {source} is the input file")
+    )
+    assert (tmp_path / "in.txt").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.txt", "in.txt", "link.txt"]
+
+
+def test_every_text_reader_ends_lines_at_lf_crlf_and_lone_cr(tmp_path, bilm):
+    """One rule for every reader (universal newlines, as allennlp's elmo command reads): the
+    embed line numbers, the training data, the vocabulary and start-state's text agree."""
+    from elmokit.cli import _read_sentences
+    from elmokit.data import Vocabulary, count_tokens
+    from elmokit.textfiles import count_lines, read_lines
+
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"a b\rc d\r\ne\n\rf")
+    expected = ["a b", "c d", "e", "", "f"]
+    assert list(read_lines(path)) == expected and count_lines(path) == 5
+    Embedder(bilm).embed_file(path, tmp_path / "out.hdf5", progress=False)
+    with h5py.File(tmp_path / "out.hdf5") as f:
+        assert sorted(f) == ["0", "1", "2", "3", "4", "sentence_to_index"]
+        assert [f[str(i)].shape[1] for i in range(5)] == [2, 2, 1, 0, 1]
+        assert json.loads(f["sentence_to_index"][0]) == {line: str(i) for i, line in enumerate(expected)}
+    assert _read_sentences(str(path), None) == [["a", "b"], ["c", "d"], ["e"], ["f"]]
+    assert count_tokens([str(path)])["f"] == 1
+    (tmp_path / "vocab.txt").write_bytes(b"<S>\r</S>\r\n<UNK>\rbank")
+    assert len(Vocabulary.from_file(tmp_path / "vocab.txt")) == 4
+    # a "\r\n" split between two 1 MB blocks of the byte counter is one line end
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * ((1 << 20) - 1) + b"\r\n" + b"y\n")
+    assert count_lines(big) == 2 == len(list(read_lines(big)))
+
+
+def _embed_command(source, output) -> list[str]:
+    return [sys.executable, "-m", "elmokit.cli", "embed", str(source), str(output)] + [
+        "--model",
+        "elmo-tiny-reference",
+        "--quiet",
+        "--batch-size",
+        "4",
+    ]
+
+
+def _start_and_wait_for_temporary(tmp_path, n_lines=20000):
+    source = write_lines(tmp_path / "in.txt", ["the bank raised rates again today ."] * n_lines)
+    proc = subprocess.Popen(
+        _embed_command(source, tmp_path / "out.hdf5"), stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.hdf5.*.tmp")):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # well inside the writing
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_embed_removes_its_temporary_file(tmp_path, signum):
+    proc = _start_and_wait_for_temporary(tmp_path)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum
+    assert err.splitlines()[-1] == (
+        f"elmokit: error: interrupted by {signal.Signals(signum).name}; no partial output was left"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_the_leftover_of_a_killed_embed_is_removed_by_the_next_write(tmp_path, bilm):
+    proc = _start_and_wait_for_temporary(tmp_path)
+    proc.kill()  # SIGKILL: nothing can clean up
+    proc.communicate(timeout=60)
+    leftovers = list(tmp_path.glob(".out.hdf5.*.tmp"))
+    assert len(leftovers) == 1 and f".out.hdf5.{proc.pid}@" in leftovers[0].name
+    alive = tmp_path / leftovers[0].name.replace(f".{proc.pid}@", f".{os.getpid()}@")
+    alive.write_bytes(b"a write in progress in a live process")
+    write_lines(tmp_path / "small.txt", ["a b"])
+    Embedder(bilm).embed_file(tmp_path / "small.txt", tmp_path / "out.hdf5", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["in.txt", "small.txt", "out.hdf5", alive.name]
+    )
+
+
+def test_sentence_index_json_never_held_in_memory(tmp_path, bilm):
+    """The sentence_to_index JSON (here 12 MB) is built in a temporary file and copied into the
+    output in blocks: Python's peak memory stays far below its size (it held it twice before)."""
+    import tracemalloc
+
+    lines = [f"{i:06d} {'y' * 12000}" for i in range(1000)]  # distinct sentences, 2 tokens each
+    source = write_lines(tmp_path / "in.txt", lines)
+    embedder = Embedder(bilm, batch_size=16)
+    tracemalloc.start()
+    try:
+        embedder.embed_file(source, tmp_path / "out.hdf5", layers="top", progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    with h5py.File(tmp_path / "out.hdf5") as f:
+        stored = f["sentence_to_index"][0]
+        assert f["sentence_to_index"].shape == (1,)
+        index = json.loads(stored)
+    assert len(index) == 1000 and index[lines[123]] == "123"
+    assert len(stored) > 12_000_000
+    assert peak < len(stored) / 2.5, (peak, len(stored))  # it was 1.07 times the JSON's size

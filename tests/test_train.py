@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from elmokit.export import export_model, load_language_model
 from elmokit.language_model import LanguageModel
 from elmokit.launch import launch, run_processes
 from elmokit.options import preset
-from elmokit.train import TrainConfig, Trainer, TrainingError, setup_distributed, train
+from elmokit.train import StopRequest, TrainConfig, Trainer, TrainingError, setup_distributed, train
 
 from .reference import run_direction, token_vector
 
@@ -135,7 +136,10 @@ def test_save_dir_with_another_run_needs_resume(tmp_path, corpus):
     train(make_config(tmp_path, corpus, max_steps=1), progress=False)
     with pytest.raises(TrainingError, match="holds another run; pass --resume"):
         train(make_config(tmp_path, corpus, max_steps=2), progress=False)
-    with pytest.raises(TrainingError, match="no checkpoint"):
+    with pytest.raises(
+        TrainingError,
+        match=r"^--resume: .*/new holds no run \(no train_config.json\); start it without --resume$",
+    ):
         train(make_config(tmp_path, corpus, save_dir=str(tmp_path / "new")), resume=True)
 
 
@@ -155,17 +159,29 @@ def test_empty_corpus_and_missing_glob(tmp_path, corpus):
         train(make_config(tmp_path, corpus, train=str(tmp_path / "nothing" / "*.txt")))
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, corpus):
+def test_non_finite_loss_stops_and_says_which_checkpoint_is_kept(tmp_path, corpus):
     config = make_config(tmp_path, corpus)
+    (tmp_path / "run").mkdir()
     vocab = Vocabulary.from_file(corpus[1])
     data = BidirectionalLMBatches(corpus[0], vocab, 4, 5, seed=0)
-    trainer = Trainer(config, data, len(vocab), setup_distributed("cpu"))
     batches = iter(data)
+    fresh = Trainer(config, data, len(vocab), setup_distributed("cpu"))
+    with torch.no_grad():
+        fresh.model.softmax.bias.fill_(float("inf"))
+    with pytest.raises(
+        TrainingError,
+        match=r"^non-finite loss \(nan\) at step 1; the run stopped; it had not written a checkpoint yet$",
+    ):
+        fresh.step(next(batches))
+    trainer = Trainer(config, data, len(vocab), setup_distributed("cpu"))
     trainer.step(next(batches))
     good = trainer.save_checkpoint()
     with torch.no_grad():
         trainer.model.softmax.bias.fill_(float("inf"))
-    with pytest.raises(TrainingError, match="non-finite loss .* at step 2; the last good checkpoint"):
+    kept = f"its last checkpoint, step 1, is kept in {tmp_path / 'run'}"
+    with pytest.raises(
+        TrainingError, match=r"^non-finite loss \(nan\) at step 2; the run stopped; " + re.escape(kept) + "$"
+    ):
         trainer.step(next(batches))
     assert latest_checkpoint(tmp_path / "run") == good
     saved = load_checkpoint_file(good / "model.pt")["model"]
@@ -198,27 +214,33 @@ def test_evaluation_windows_equal_unroll_one_and_export_round_trip(tmp_path, cor
 
 
 def test_init_from_copies_shared_softmax_rows(tmp_path, corpus):
+    from elmokit.launch import initialize_from
+
     train(make_config(tmp_path, corpus, max_steps=2), progress=False)
     source, source_vocab = load_language_model(tmp_path / "run")
     new_vocab = Vocabulary(["<S>", "</S>", "<UNK>", "bank", "zebra", "the"])
     new_vocab.save(tmp_path / "v2.txt")
+    tuned = LanguageModel(source.bilm.options.to_dict(), len(new_vocab))
+    assert initialize_from(tuned, tmp_path / "run", new_vocab) == 5  # all but "zebra"
+    for token in ["bank", "the", "<S>"]:
+        np.testing.assert_array_equal(
+            tuned.softmax.weight[new_vocab.token_to_id(token)].detach(),
+            source.softmax.weight[source_vocab.token_to_id(token)].detach(),
+        )
+    for name, value in source.bilm.state_dict().items():
+        assert torch.equal(tuned.bilm.state_dict()[name], value), name
     config = make_config(
         tmp_path,
         corpus,
         save_dir=str(tmp_path / "ft"),
         vocab=str(tmp_path / "v2.txt"),
         init_from=str(tmp_path / "run"),
-        max_steps=0,
+        max_steps=1,
         options={},
     )
     train(config, progress=False)
-    tuned, _ = load_language_model(tmp_path / "ft")
-    for token in ["bank", "the", "<S>"]:
-        np.testing.assert_array_equal(
-            tuned.softmax.weight[new_vocab.token_to_id(token)].detach(),
-            source.softmax.weight[source_vocab.token_to_id(token)].detach(),
-        )
-    assert tuned.bilm.options == source.bilm.options
+    fine_tuned, _ = load_language_model(tmp_path / "ft")
+    assert fine_tuned.bilm.options == source.bilm.options
 
 
 class FixedBatches:
@@ -337,25 +359,31 @@ def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
     config = make_config(tmp_path, corpus)
     (tmp_path / "run").mkdir()
     trainer = Trainer(config, InterruptedBatches(batches, 0, 4), len(vocab), setup_distributed("cpu"))
-    run = run_training(trainer, max_steps=None, max_time=None, progress=False)
-    assert run.step == 4
+    outcome = run_training(trainer, max_steps=None, max_time=None, progress=False)
+    assert (outcome.run.step, outcome.signal, outcome.ended_by, outcome.finished) == (
+        4,
+        signal.SIGINT,
+        "SIGINT",
+        False,
+    )
     assert latest_checkpoint(tmp_path / "run").name.endswith("4")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
 
 def test_best_checkpoint_by_heldout_is_kept_and_exported(tmp_path, corpus, monkeypatch):
-    """Checkpoints after steps 1, 2, 3 (and at the end, 3 again) score 5, 4, 6, 6: step 2 stays
-    on disk as the best, step 1 is deleted, and export can take either."""
+    """Checkpoints after steps 1, 2, 3 score 5, 4, 6 (the end writes none: step 3 has one):
+    step 2 stays on disk as the best, step 1 is deleted, and export can take either."""
     import elmokit.train as training
 
-    scores = iter([5.0, 4.0, 6.0, 6.0])
+    scores = iter([5.0, 4.0, 6.0])
 
     def scripted(*args, **kwargs):
         value = next(scores)
         return training.Perplexity(value, value, value, value, 10, "scripted")
 
     monkeypatch.setattr(training, "evaluate_perplexity", scripted)
-    config = make_config(tmp_path, corpus, max_steps=3, checkpoint_minutes=0, heldout=corpus[0])
+    heldout = write_corpus(tmp_path / "heldout", n_sentences=300, n_files=1, seed=9)
+    config = make_config(tmp_path, corpus, max_steps=3, checkpoint_minutes=0, heldout=heldout)
     train(config, progress=False)
     run = tmp_path / "run"
     assert sorted(p.name for p in run.glob("checkpoint-*")) == [
@@ -376,3 +404,605 @@ def test_best_checkpoint_by_heldout_is_kept_and_exported(tmp_path, corpus, monke
     train(make_config(tmp_path, corpus, max_steps=1, save_dir=str(tmp_path / "no-heldout")), progress=False)
     with pytest.raises(FileNotFoundError, match="no best checkpoint"):
         export_model(tmp_path / "no-heldout", tmp_path / "x", checkpoint="best")
+
+
+# -- the command line: resumption, limits, signals, errors ------------------------------------
+
+TINY_RUN = ["--config", "tiny", "--batch-size", "4", "--unroll-steps", "5", "--n-negative-samples", "8"]
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``elmokit ARGS`` in this process: (exit status, stdout, stderr)."""
+    from elmokit.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exit:  # argparse
+        code = exit.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1] if text.strip() else ""
+
+
+def weights(save_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint_file(latest_checkpoint(save_dir) / "model.pt")["model"]
+
+
+def steps_logged(save_dir: Path) -> list[int]:
+    return [int(r.split(",")[0]) for r in (save_dir / "metrics.csv").read_text().splitlines()[1:]]
+
+
+def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, capsys, monkeypatch):
+    """Issue 13.1: a copied run dir resumes itself (not the original), from another working
+    directory, with relative paths given at the start; train_config.json stores no save dir and
+    absolute data paths; an old one with an absolute save_dir still resumes the given dir."""
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli(
+        capsys,
+        "train",
+        "--train",
+        "corpus/shard-*.txt",
+        "--vocab",
+        "vocab.txt",
+        "--save-dir",
+        "a",
+        "--max-steps",
+        2,
+        *TINY_RUN,
+    )
+    assert code == 0 and last_line(out).startswith("finished at step 2: reached --max-steps 2.")
+    stored = json.loads((tmp_path / "a" / "train_config.json").read_text())
+    assert "save_dir" not in stored
+    assert (stored["train"], stored["vocab"]) == (
+        str(tmp_path / "corpus/shard-*.txt"),
+        str(tmp_path / "vocab.txt"),
+    )
+    original = sorted(p.name for p in (tmp_path / "a").iterdir())
+    a_weights = weights(tmp_path / "a")
+
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, _ = cli(capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--max-steps", 3)
+    assert code == 0 and last_line(out).startswith("finished at step 3: reached --max-steps 3.")
+    assert latest_checkpoint(tmp_path / "b").name == "checkpoint-000000003"
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == original  # untouched
+    assert latest_checkpoint(tmp_path / "a").name == "checkpoint-000000002"
+    assert all(torch.equal(a_weights[k], v) for k, v in weights(tmp_path / "a").items())
+
+    # a train_config.json of an older version names its save dir: ignored
+    stored = json.loads((tmp_path / "b" / "train_config.json").read_text())
+    (tmp_path / "b" / "train_config.json").write_text(json.dumps({**stored, "save_dir": str(tmp_path / "a")}))
+    # the corpus moves; the data position names its shards by file name
+    shutil.move(tmp_path / "corpus", tmp_path / "moved")
+    code, _, err = cli(capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--max-steps", 4)
+    assert (
+        code == 2
+        and last_line(err)
+        == f"elmokit: error: no files match the corpus glob '{tmp_path}/corpus/shard-*.txt'"
+    )
+    code, out, _ = cli(
+        capsys,
+        "train",
+        "--save-dir",
+        tmp_path / "b",
+        "--resume",
+        "--max-steps",
+        4,
+        "--train",
+        tmp_path / "moved" / "shard-*.txt",
+    )
+    assert code == 0 and latest_checkpoint(tmp_path / "b").name == "checkpoint-000000004"
+    assert latest_checkpoint(tmp_path / "a").name == "checkpoint-000000002"
+    stored = json.loads((tmp_path / "b" / "train_config.json").read_text())
+    assert "save_dir" not in stored and stored["train"] == str(tmp_path / "moved" / "shard-*.txt")
+    # other shards are refused by name
+    (tmp_path / "moved" / "shard-1.txt").rename(tmp_path / "moved" / "shard-9.txt")
+    code, _, err = cli(capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--max-steps", 5)
+    assert code == 2 and last_line(err) == (
+        "elmokit: error: the data position is for the shards shard-0.txt, shard-1.txt, but the "
+        "corpus glob matches shard-0.txt, shard-9.txt; resume with the same shards (they may be moved)"
+    )
+
+
+def test_committed_training_state_names_no_machine_path(tmp_path):
+    """checkpoints/news-512 resumes with the data paths given (checkpoints/README.md)."""
+    from elmokit.launch import resume_config
+
+    run = Path(__file__).parents[1] / "checkpoints" / "news-512"
+    stored = json.loads((run / "train_config.json").read_text())
+
+    def strings(value):
+        if isinstance(value, dict):
+            return [s for v in value.values() for s in strings(v)]
+        return [value] if isinstance(value, str) else []
+
+    assert "save_dir" not in stored and not [s for s in strings(stored) if "/" in s]
+    with pytest.raises(TrainingError, match="names no training data: pass --train"):
+        resume_config(run, {})
+    config = resume_config(run, {"train": "corpus/train/*.txt", "heldout": "h.txt", "max_time": 60})
+    assert (config.save_dir, config.train, config.heldout) == (
+        str(run),
+        os.path.abspath("corpus/train/*.txt"),
+        os.path.abspath("h.txt"),
+    )
+    assert (config.max_time, config.epochs, config.state_reset, config.batch_size) == (60, None, 0.01, 64)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_again_or_resumes(tmp_path, corpus, monkeypatch):
+    """Issue 13.2: a crash before the first checkpoint leaves a config and no checkpoint; the
+    dir can be started afresh, or resumed from step 0 with its stored configuration."""
+    train(make_config(tmp_path, corpus, save_dir=str(tmp_path / "reference"), max_steps=3), progress=False)
+    real_step = Trainer.step
+
+    def crash_at_step_3(self, batch):
+        if self.run.step == 2:
+            raise RuntimeError("the machine went away")
+        return real_step(self, batch)
+
+    for resume in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(Trainer, "step", crash_at_step_3)
+            with pytest.raises(RuntimeError, match="went away"):
+                train(make_config(tmp_path, corpus, max_steps=3, batch_size=2), progress=False)
+        assert latest_checkpoint(tmp_path / "run") is None and steps_logged(tmp_path / "run") == [1, 2]
+        config = make_config(tmp_path, corpus, max_steps=3)
+        if resume:  # the stored configuration (batch 2) applies; the limits may change
+            config = make_config(tmp_path, corpus, batch_size=2, max_steps=3)
+        outcome = train(config, resume=resume, progress=False)
+        assert (outcome.run.step, outcome.ended_by) == (3, "--max-steps 3")
+        assert steps_logged(tmp_path / "run") == [1, 2, 3]
+        if not resume:  # started afresh with batch 4: the same as an uninterrupted run
+            assert all(
+                torch.equal(weights(tmp_path / "reference")[k], v)
+                for k, v in weights(tmp_path / "run").items()
+            )
+        shutil_rmtree(tmp_path / "run")
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+def test_resume_changes_only_what_it_may(tmp_path, corpus, capsys):
+    """Issue 13.3: --heldout, --checkpoint-minutes, the limits, --device and the data paths
+    change on resume (and are recorded); other options must equal the run's; --heldout is checked
+    before training, fresh and on resume."""
+    run = tmp_path / "run"
+    data = ["--train", corpus[0], "--vocab", corpus[1], "--save-dir", run]
+    (tmp_path / "small.txt").write_text("the bank\n" * 10)
+    heldout = write_corpus(tmp_path / "heldout", n_sentences=300, n_files=1, seed=5)
+    code, _, err = cli(
+        capsys, "train", *data, "--max-steps", 1, "--heldout", tmp_path / "nothing*.txt", *TINY_RUN
+    )
+    assert (
+        code == 2
+        and last_line(err)
+        == f"elmokit: error: --heldout {tmp_path}/nothing*.txt: no files match the corpus glob '{tmp_path}/nothing*.txt'"
+    )
+    assert not run.exists()  # nothing left behind
+    assert cli(capsys, "train", *data, "--max-steps", 1, *TINY_RUN)[0] == 0
+    before = (run / "train_config.json").read_text()
+    too_small = (
+        f"elmokit: error: --heldout {tmp_path}/small.txt: too little text for bilm-tf's evaluation "
+        "protocol, which needs at least 256 sentences (one batch of 256 streams)"
+    )
+    refused = {
+        ("--heldout", tmp_path / "small.txt"): too_small,
+        (
+            "--batch-size",
+            8,
+        ): "elmokit: error: --batch-size cannot change when resuming (the run's is 4, given 8); "
+        "a resumed run may change only --train, --vocab, --heldout, --epochs, --max-steps, --max-time, "
+        "--device, --checkpoint-minutes, --precision",
+        (
+            "--config",
+            "small",
+        ): "elmokit: error: --config cannot change when resuming; a resumed run may change only "
+        "--train, --vocab, --heldout, --epochs, --max-steps, --max-time, --device, --checkpoint-minutes, --precision",
+        (
+            "--seed",
+            3,
+        ): "elmokit: error: --seed cannot change when resuming (the run's is 0, given 3); a resumed run "
+        "may change only --train, --vocab, --heldout, --epochs, --max-steps, --max-time, --device, "
+        "--checkpoint-minutes, --precision",
+        ("--vocab", tmp_path / "other.txt"): f"elmokit: error: --vocab {tmp_path}/other.txt is not the run's "
+        f"vocabulary ({run}/vocab.txt); a resumed run keeps it",
+    }
+    Vocabulary(["<S>", "</S>", "<UNK>", "the"]).save(tmp_path / "other.txt")
+    for args, message in refused.items():
+        code, _, err = cli(capsys, "train", "--save-dir", run, "--resume", "--max-steps", 2, *args)
+        assert (code, last_line(err)) == (2, message)
+        assert (run / "train_config.json").read_text() == before and latest_checkpoint(run).name.endswith("1")
+    code, out, _ = cli(
+        capsys,
+        "train",
+        *data,
+        *TINY_RUN,
+        "--resume",
+        "--max-steps",
+        3,
+        "--heldout",
+        heldout,
+        "--checkpoint-minutes",
+        0,
+        "--device",
+        "cpu",
+    )
+    assert code == 0 and last_line(out).startswith("finished at step 3: reached --max-steps 3.")
+    stored = json.loads((run / "train_config.json").read_text())
+    assert (stored["heldout"], stored["checkpoint_minutes"], stored["max_steps"]) == (heldout, 0, 3)
+    assert [r.split(",")[0] for r in (run / "heldout.csv").read_text().splitlines()] == ["step", "2", "3"]
+
+
+def test_a_signal_stops_early_with_its_exit_status_and_a_limit_ends_normally(
+    tmp_path, corpus, capsys, monkeypatch
+):
+    """Issue 13.4: SIGTERM ends the run with exit status 143, saying it stopped early and how to
+    resume; reaching a limit exits 0 and names the limit."""
+    import signal
+
+    run = tmp_path / "run"
+    data = ["--train", corpus[0], "--vocab", corpus[1], "--save-dir", run]
+    real_step = Trainer.step
+
+    def terminated_in_step_2(self, batch):
+        if self.run.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, batch)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "step", terminated_in_step_2)
+        code, out, err = cli(capsys, "train", *data, "--max-steps", 4, *TINY_RUN)
+    assert code == 128 + signal.SIGTERM
+    assert last_line(err) == (
+        f"elmokit: stopped early by SIGTERM at step 2: the run is not finished (its checkpoint is in "
+        f"{run}). Resume with: elmokit train --save-dir {run} --resume"
+    )
+    assert "finished" not in out and latest_checkpoint(run).name == "checkpoint-000000002"
+    code, out, _ = cli(capsys, "train", "--save-dir", run, "--resume")  # its limit: --max-steps 4
+    assert code == 0 and last_line(out) == (
+        f"finished at step 4: reached --max-steps 4. Checkpoint and metrics.csv in {run}; export with: "
+        f"elmokit export {run} OUT_DIR"
+    )
+    code, out, _ = cli(capsys, "train", *data, "--epochs", 0.05, *TINY_RUN, "--save-dir", tmp_path / "epochs")
+    assert code == 0 and last_line(out).startswith("finished at step 2: reached --epochs 0.05 (2 steps).")
+    code, out, _ = cli(
+        capsys, "train", *data, "--max-time", "0.001", *TINY_RUN, "--save-dir", tmp_path / "time"
+    )
+    assert code == 0 and last_line(out).startswith("finished at step 1: reached --max-time 0.001 s.")
+
+    def terminated_twice_in_step_5(self, batch):  # the second signal stops at once
+        if self.run.step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", terminated_twice_in_step_5)
+    monkeypatch.setattr(StopRequest, "REPEAT_SECONDS", 0.0)
+    code, out, err = cli(capsys, "train", "--save-dir", run, "--resume", "--max-steps", 6)
+    assert code == 128 + signal.SIGTERM and last_line(err) == (
+        "elmokit: stopped at once by SIGTERM; the steps since the last checkpoint are lost. Resume with: "
+        f"elmokit train --save-dir {run} --resume"
+    )
+    assert (
+        latest_checkpoint(run).name == "checkpoint-000000004"
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    )
+
+
+def test_bilm_tf_training_options_file_trains(tmp_path, corpus, capsys, tiny_options):
+    """Issue 13.6: bilm-tf's own training options (n_characters 261, its training fields) train,
+    stored and exported as 262 (elmokit's layout, bilm-tf's value for inference)."""
+    options = json.loads(json.dumps(tiny_options))
+    options["char_cnn"]["n_characters"] = 261
+    options.update(
+        bidirectional=True,
+        dropout=0.1,
+        all_clip_norm_val=10.0,
+        n_epochs=10,
+        unroll_steps=20,
+        batch_size=128,
+        n_tokens_vocab=20,
+        n_train_tokens=768648884,
+        n_negative_samples_batch=8192,
+    )
+    (tmp_path / "bilm-tf.json").write_text(json.dumps(options))
+    run = tmp_path / "run"
+    code, out, _ = cli(
+        capsys,
+        "train",
+        "--train",
+        corpus[0],
+        "--vocab",
+        corpus[1],
+        "--save-dir",
+        run,
+        "--max-steps",
+        2,
+        "--config",
+        tmp_path / "bilm-tf.json",
+        "--batch-size",
+        4,
+        "--unroll-steps",
+        5,
+        "--n-negative-samples",
+        8,
+    )
+    assert code == 0 and "finished at step 2" in out
+    assert json.loads((run / "train_config.json").read_text())["options"]["char_cnn"]["n_characters"] == 262
+    out_dir = export_model(run, tmp_path / "model")
+    assert json.loads((out_dir / "options.json").read_text())["char_cnn"]["n_characters"] == 262
+    bilm = BiLM.load(out_dir / "options.json", out_dir / "weights.hdf5")
+    assert bilm.token_encoder.char_cnn.embedding.num_embeddings == 262
+    code, _, _ = cli(
+        capsys,
+        "train",
+        "--save-dir",
+        run,
+        "--resume",
+        "--max-steps",
+        3,
+        "--config",
+        tmp_path / "bilm-tf.json",
+    )
+    assert code == 0  # the same model, in bilm-tf's words
+    options["char_cnn"]["n_characters"] = 100
+    (tmp_path / "bad.json").write_text(json.dumps(options))
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--train",
+        corpus[0],
+        "--vocab",
+        corpus[1],
+        "--save-dir",
+        tmp_path / "bad",
+        "--config",
+        tmp_path / "bad.json",
+    )
+    assert code == 2 and last_line(err).startswith("elmokit: error: --config: char_cnn.n_characters must be")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--epochs", "0"], "argument --epochs: must be greater than 0, got 0"),
+        (["--epochs", "-1"], "argument --epochs: must be greater than 0, got -1"),
+        (["--max-steps", "0"], "argument --max-steps: must be at least 1, got 0"),
+        (["--max-steps", "-5"], "argument --max-steps: must be at least 1, got -5"),
+        (["--max-steps", "1.5"], "argument --max-steps: not an integer: '1.5'"),
+        (["--max-time", "0"], "argument --max-time: must be greater than 0, got 0"),
+        (["--state-reset", "2"], "argument --state-reset: must be at most 1, got 2"),
+        (["--state-reset", "-1"], "argument --state-reset: must be at least 0, got -1"),
+        (["--nproc", "0"], "argument --nproc: must be at least 1, got 0"),
+        (["--checkpoint-minutes", "-1"], "argument --checkpoint-minutes: must be at least 0, got -1"),
+        (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+        (["--lr", "0"], "argument --lr: must be greater than 0, got 0"),
+        (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+    ],
+)
+def test_out_of_range_options_are_refused_when_parsed(args, message, capsys):
+    """Issue 13.7: exit 2 with argparse's one-line error, before anything runs."""
+    code, _, err = cli(capsys, "train", "--train", "x", "--vocab", "y", "--save-dir", "z", *args)
+    assert (code, last_line(err)) == (2, f"elmokit: error: {message} (see: elmokit train --help)")
+
+
+def test_out_of_range_values_are_refused_by_the_api_and_the_other_commands(tmp_path, corpus, capsys):
+    for field, value, message in [
+        ("max_steps", 0, "--max-steps must be at least 1, got 0"),
+        ("epochs", -1, "--epochs must be greater than 0, got -1"),
+        ("state_reset", 2, "--state-reset must be at most 1, got 2"),
+        ("checkpoint_minutes", -1, "--checkpoint-minutes must be at least 0, got -1"),
+        ("precision", "fp8", "--precision must be one of fp32, bf16, got 'fp8'"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            train(make_config(tmp_path, corpus, **{field: value}), progress=False)
+    with pytest.raises(ValueError, match="^--nproc must be at least 1, got 0$"):
+        launch(make_config(tmp_path, corpus, max_steps=1), resume=False, processes=0)
+    assert not (tmp_path / "run").exists()
+    code, _, err = cli(capsys, "demo", "-k", "-1")
+    assert (code, last_line(err)) == (2, "elmokit: error: argument -k: must be at least 1, got -1 (see: elmokit demo --help)")
+    code, _, err = cli(capsys, "vocab", corpus[0], "-o", tmp_path / "v.txt", "--min-count", "0")
+    assert (code, last_line(err)) == (
+        2,
+        "elmokit: error: argument --min-count: must be at least 1, got 0 (see: elmokit vocab --help)",
+    )
+
+
+def test_leftovers_of_a_crash_are_removed_and_replayed_steps_logged_once(tmp_path, corpus):
+    """Issue 13.8: a partial checkpoint folder, a checkpoint no pointer names and the temporary
+    file of a killed writer are deleted when the run starts again; metrics.csv keeps each step
+    once."""
+    import subprocess
+
+    from elmokit.atomic import atomic_path
+
+    run = tmp_path / "run"
+    train(make_config(tmp_path, corpus, max_steps=2), progress=False)
+    (run / ".checkpoint-000000003.partial").mkdir()
+    (run / ".checkpoint-000000003.partial" / "rank0.pt").write_bytes(b"half")
+    (run / "checkpoint-000000001").mkdir()  # a rotation cut short
+    with atomic_path(tmp_path / "metrics.csv") as temporary:  # the name a writer of this process uses
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        (run / temporary.name.replace(f".{os.getpid()}@", f".{dead.pid}@")).write_text("step\n")
+    (run / "notes.tmp").write_text("mine")
+    with (run / "metrics.csv").open("a") as f:  # steps 3 and 4 ran, their checkpoint never came
+        f.write("3,60,1.0,2,2,7.4,40,1.0\n4,80,1.5,2,2,7.4,40,1.0\n")
+    train(make_config(tmp_path, corpus, max_steps=4), resume=True, progress=False)
+    assert sorted(p.name for p in run.iterdir()) == [
+        "checkpoint-000000004",
+        "latest",
+        "metrics.csv",
+        "notes.tmp",
+        "train_config.json",
+        "vocab.txt",
+    ]
+    assert steps_logged(run) == [1, 2, 3, 4]
+    assert "7.4" not in (run / "metrics.csv").read_text()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(28, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 911680 vs 911572"),
+    ],
+)
+def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, corpus, monkeypatch, error):
+    """Issue 13.8: a full disk is named; the partial checkpoint is removed and the previous one
+    stays the latest, from which the run resumes."""
+    import shutil
+
+    import elmokit.train as training
+
+    real_save = training.save_checkpoint_file
+    writes = []
+
+    def disk_full_at_step_2(value, path):
+        writes.append(path.name)
+        if len(writes) == 4:  # step 2's model.pt, after its rank file
+            path.write_bytes(b"partial")
+            raise error
+
+    monkeypatch.setattr(
+        training,
+        "save_checkpoint_file",
+        lambda value, path: (disk_full_at_step_2(value, path), real_save(value, path)),
+    )
+    if isinstance(error, RuntimeError):  # torch says only this; the free space tells
+        usage = shutil.disk_usage(tmp_path)
+        monkeypatch.setattr(training.shutil, "disk_usage", lambda path: usage._replace(free=0))
+    run = tmp_path / "run"
+    message = (
+        f"writing the checkpoint of step 2 in {run} failed: the disk is full (no space left on "
+        "device); the previous checkpoint (step 1) is still the latest"
+    )
+    with pytest.raises(TrainingError, match=f"^{re.escape(message)}$"):
+        train(make_config(tmp_path, corpus, max_steps=3, checkpoint_minutes=0), progress=False)
+    assert sorted(p.name for p in run.iterdir()) == [
+        "checkpoint-000000001",
+        "latest",
+        "metrics.csv",
+        "train_config.json",
+        "vocab.txt",
+    ]
+    assert load_checkpoint_file(latest_checkpoint(run) / "model.pt")["run"]["step"] == 1
+    monkeypatch.undo()
+    outcome = train(
+        make_config(tmp_path, corpus, max_steps=3, checkpoint_minutes=0), resume=True, progress=False
+    )
+    assert outcome.run.step == 3 and steps_logged(run) == [1, 2, 3]
+
+
+def _device_error(device: str) -> ValueError:
+    from elmokit.devices import resolve_device
+
+    with pytest.raises(ValueError) as info:
+        resolve_device(device)
+    return info.value
+
+
+def test_training_errors_are_one_line(tmp_path, corpus, capsys, monkeypatch):
+    """Issue 13.19: each bad input or failure of `elmokit train` is one line and exit status 2."""
+    import tempfile
+
+    import elmokit.launch
+
+    data = ["--train", corpus[0], "--vocab", corpus[1]]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("\n\n")
+    (tmp_path / "file").write_text("")
+    cases = {
+        (
+            "--train",
+            tmp_path / "empty" / "*.txt",
+            "--vocab",
+            corpus[1],
+            "--save-dir",
+            tmp_path / "e",
+        ): f"empty corpus: {tmp_path}/empty/*.txt holds no tokens",
+        (
+            "--save-dir",
+            tmp_path / "none",
+            "--resume",
+        ): f"--resume: {tmp_path}/none holds no run (no train_config.json); start it without --resume",
+        (
+            *data,
+            "--save-dir",
+            tmp_path / "file" / "run",
+        ): f"cannot write to --save-dir {tmp_path}/file/run: Not a directory",
+        (
+            *data,
+            "--save-dir",
+            tmp_path / "r",
+            "--device",
+            "foo",
+        ): "unknown device 'foo': use cpu, cuda or cuda:N",
+        (*data, "--save-dir", tmp_path / "r", "--device", "cuda:99"): str(_device_error("cuda:99")),
+        ("--train", corpus[0], "--save-dir", tmp_path / "r"): None,  # argparse's: --vocab missing
+    }
+    for args, message in cases.items():
+        code, _, err = cli(capsys, "train", *args, *TINY_RUN)
+        if message is None:
+            assert (code, last_line(err)) == (
+                2,
+                "elmokit: error: --train and --vocab are required (unless --resume) (see: elmokit train --help)",
+            )
+        else:
+            assert (code, err.strip()) == (2, f"elmokit: error: {message}"), args
+    assert not [d for d in ("e", "none", "r") if (tmp_path / d).exists()]  # nothing left behind
+    code, _, _ = cli(capsys, "train", *data, "--save-dir", tmp_path / "used", "--max-steps", 1, *TINY_RUN)
+    code, _, err = cli(capsys, "train", *data, "--save-dir", tmp_path / "used", "--max-steps", 2, *TINY_RUN)
+    assert (code, err.strip()) == (
+        2,
+        f"elmokit: error: {tmp_path}/used holds another run; pass --resume to continue it or choose another --save-dir",
+    )
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    (tmp_path / "ro").mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(elmokit.launch.tempfile, "TemporaryFile", read_only)
+        code, _, err = cli(capsys, "train", *data, "--save-dir", tmp_path / "ro", *TINY_RUN)
+    assert (code, err.strip()) == (
+        2,
+        f"elmokit: error: cannot write to --save-dir {tmp_path}/ro: Permission denied",
+    )
+    real_step = Trainer.step
+
+    def overflow_at_step_2(self, batch):
+        if self.run.step == 1:
+            with torch.no_grad():
+                self.model.softmax.bias.fill_(float("inf"))
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", overflow_at_step_2)
+    code, _, err = cli(
+        capsys,
+        "train",
+        *data,
+        "--save-dir",
+        tmp_path / "nan",
+        "--max-steps",
+        3,
+        "--checkpoint-minutes",
+        0,
+        *TINY_RUN,
+    )
+    assert code == 2 and "Traceback" not in err
+    assert (
+        last_line(err)
+        == f"elmokit: error: non-finite loss (nan) at step 2; the run stopped; its last checkpoint, step 1, is kept in {tmp_path}/nan"
+    )
+    del tempfile

@@ -6,6 +6,14 @@ from .elmo import Elmo, ElmoOutput
 from .embed import Embedder
 from .options import BiLMOptions, OptionsError
 from .scalar_mix import ScalarMix
+from .scoring import (
+    SentenceScore,
+    Substitutes,
+    load_scoring_model,
+    score_sentences,
+    substitutes,
+    word_distributions,
+)
 from .weights import WeightFileError
 
 __version__ = "0.1.0"
@@ -20,7 +28,13 @@ __all__ = [
     "Embedder",
     "OptionsError",
     "ScalarMix",
+    "SentenceScore",
     "StatefulBiLM",
+    "Substitutes",
     "WeightFileError",
     "batch_to_ids",
+    "load_scoring_model",
+    "score_sentences",
+    "substitutes",
+    "word_distributions",
 ]

@@ -2,25 +2,125 @@
 
 A file is written under a temporary name made exclusively in the target folder (never through a
 planted link), given the permissions the umask allows, and renamed to its final name only when it
-is complete; on any error, or when the writer is interrupted, the temporary file is removed. So
-a reader never sees a partial file under the final name.
+is complete; on any error, on Ctrl-C, or on SIGTERM (which raises ``Terminated`` while a write is
+open, unless the program handles SIGTERM itself), the temporary file is removed. So a reader never
+sees a partial file under the final name, and nothing is left behind.
+
+The temporary name ``.NAME.PID@HOST.XXXXXXXX.tmp`` says which process writes it: a process that
+cannot clean up (SIGKILL, a power cut) leaves one, and the next write of the same file on that
+host removes the leftovers whose process no longer exists.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
+import signal
+import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while an atomic write was open (raised like Ctrl-C's KeyboardInterrupt)."""
+
+    signum = signal.SIGTERM
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "", socket.gethostname().split(".")[0])[:16] or "host"
+
+
+def _owner() -> str:
+    return f"{os.getpid()}@{_host()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_leftovers(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that writers of ``path`` on this host left when they were
+    killed (their process no longer exists); returns them. Files of live processes, of other
+    hosts and of older versions (no owner in the name) are kept."""
+    target = Path(path)
+    prefix, host = f".{target.name}.", _host()
+    removed = []
+    try:
+        candidates = list(target.parent.glob(f"{glob.escape(prefix)}*@*.tmp"))
+    except OSError:
+        return removed
+    for leftover in candidates:
+        owner = leftover.name[len(prefix) : -len(".tmp")].rpartition(".")[0]
+        pid, _, owner_host = owner.partition("@")
+        if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            leftover.unlink()
+            removed.append(leftover)
+        except OSError:
+            pass
+    return removed
+
+
+def check_output(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Check that a file can be written at ``path`` before the work that produces it: not a
+    folder, not an existing file unless ``overwrite``, in an existing writable folder. Raises
+    an OSError subclass whose message names the problem."""
+    target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(f"output {target} is a folder; give the path of a file to write")
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    folder = target.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"output folder does not exist: {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {target}: the folder {folder} is not writable")
+    return target
+
+
+@contextmanager
+def terminate_raises() -> Iterator[None]:
+    """While open, SIGTERM raises ``Terminated`` (so ``finally`` blocks run), unless SIGTERM
+    already has a handler of the program's own or this is not the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except ValueError:
+        previous = None
+    if previous is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame) -> None:
+        raise Terminated("terminated by SIGTERM")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -34,24 +134,34 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
     (h5py, torch.save) or write it through the yielded path.
     """
     target = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())
-        if overwrite:
-            os.replace(tmp, target)
-        else:
-            try:
-                os.link(tmp, target)
-            except FileExistsError:
-                raise FileExistsError(
-                    f"{target} appeared while it was being written; the new result was not saved "
-                    "over it (pass overwrite to replace it)"
-                ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    if target.is_dir():
+        raise IsADirectoryError(f"output {target} is a folder; give the path of a file to write")
+    remove_leftovers(target)
+    folder = target.parent
+    with terminate_raises():
+        try:
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.{_owner()}.", suffix=".tmp", dir=folder)
+        except PermissionError:
+            raise PermissionError(f"cannot write {target}: the folder {folder} is not writable") from None
+        except FileNotFoundError:
+            raise FileNotFoundError(f"output folder does not exist: {folder}") from None
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            os.chmod(tmp, 0o666 & ~_umask())
+            if overwrite:
+                os.replace(tmp, target)
+            else:
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise FileExistsError(
+                        f"{target} appeared while it was being written; the new result was not saved "
+                        "over it (pass overwrite to replace it)"
+                    ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, overwrite: bool = True) -> None:

@@ -232,6 +232,31 @@ class BiLM(nn.Module):
             )
         if char_ids.shape[0] == 0:
             raise ValueError("empty batch: char_ids has no sentences")
+        if char_ids.dtype.is_floating_point or char_ids.dtype.is_complex or char_ids.dtype == torch.bool:
+            raise ValueError(
+                f"char_ids must hold integer ids (batch_to_ids gives int64), got {char_ids.dtype}"
+            )
+        if char_ids.numel() == 0:
+            return
+        n_characters = self.options.char_cnn.n_characters
+        low, high = int(char_ids.min()), int(char_ids.max())
+        if low < 0 or high >= n_characters:
+            raise ValueError(
+                f"char_ids must lie in 0..{n_characters - 1} (shifted ids from batch_to_ids), found "
+                f"{low if low < 0 else high}"
+            )
+        # A row of all-zero ids is padding: it may only follow a sentence's last token. Between
+        # tokens it would shift the tokens after it (lengths count the real tokens).
+        real = (char_ids > 0).any(dim=-1)  # (batch, timesteps)
+        gap = ~real[:, :-1] & real[:, 1:]
+        if bool(gap.any()):
+            row, position = (int(i) for i in gap.nonzero()[0])
+            first_padding = int((~real[row, : position + 1]).nonzero()[0])
+            raise ValueError(
+                f"char_ids row {row} has an all-zero (padding) token at position {first_padding} "
+                f"before a real token at position {position + 1}; padding may only follow a "
+                "sentence's last token (batch_to_ids writes it so)"
+            )
 
     def add_sentence_boundaries(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(batch, timesteps, c) -> ids (batch, timesteps + 2, c) with <S> .. </S>, lengths + 2.

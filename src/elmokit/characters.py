@@ -64,12 +64,49 @@ def _token_to_ids(token: str, max_chars: int) -> tuple[int, ...]:
     return tuple(ids + [PADDING_CHAR] * (max_chars - len(ids)))
 
 
-def tokens_to_ids(tokens: Sequence[str], max_chars: int = MAX_CHARACTERS_PER_TOKEN) -> torch.Tensor:
-    """Shifted character ids of a token list: LongTensor (n_tokens, max_chars), values 1..261."""
+def tokens_to_ids(
+    tokens: Sequence[str], max_chars: int = MAX_CHARACTERS_PER_TOKEN, cache: bool = True
+) -> torch.Tensor:
+    """Shifted character ids of a token list: LongTensor (n_tokens, max_chars), values 1..261.
+
+    ``cache=False`` neither reads nor fills the cache of recent tokens' ids (for callers that
+    keep their own per-token cache, whose misses are rarely in this one)."""
     if len(tokens) == 0:
         return torch.zeros((0, max_chars), dtype=torch.long)
-    ids = torch.tensor([token_to_ids(t, max_chars) for t in tokens], dtype=torch.long)
-    return ids + 1
+    if cache:
+        rows = [token_to_ids(t, max_chars) for t in tokens]
+    else:
+        rows = [_token_to_ids(_checked_token(t), max_chars) for t in tokens]
+    return torch.tensor(rows, dtype=torch.long) + 1
+
+
+def _checked_token(token: str) -> str:
+    if not isinstance(token, str):
+        raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
+    return token
+
+
+EXPECTED_SENTENCES = "expected a list of sentences, each a list of str tokens, e.g. [['Hello', 'world']]"
+
+
+def check_token_lists(sentences: Sequence[Sequence[str]]) -> None:
+    """Raise a TypeError naming the first sentence or token that is not what tokenized input
+    is: a list of sentences, each a list of str tokens."""
+    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
+        raise TypeError(f"{EXPECTED_SENTENCES}; got {type(sentences).__name__}")
+    for i, sentence in enumerate(sentences):
+        if isinstance(sentence, str):
+            raise TypeError(f"sentence {i} is a str, not a list of tokens; split it first, e.g. text.split()")
+        if not isinstance(sentence, Sequence):
+            raise TypeError(
+                f"sentence {i} is {type(sentence).__name__}, not a list of tokens; {EXPECTED_SENTENCES}"
+            )
+        for j, token in enumerate(sentence):
+            if not isinstance(token, str):
+                raise TypeError(
+                    f"sentence {i}, token {j} is {type(token).__name__}, not a str: {token!r:.60}; "
+                    f"{EXPECTED_SENTENCES}"
+                )
 
 
 def batch_to_ids(
@@ -80,13 +117,9 @@ def batch_to_ids(
     No sentence boundary tokens are added (the biLM adds them). Ids are shifted by +1; rows past a
     sentence's end are all 0 (padding). ``timesteps`` is the longest sentence's length.
     """
-    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
-        raise TypeError("sentences must be a list of token lists, e.g. [['Hello', 'world']]")
+    check_token_lists(sentences)
     if len(sentences) == 0:
         raise ValueError("empty sentence list: give at least one sentence")
-    for i, sentence in enumerate(sentences):
-        if isinstance(sentence, str):
-            raise TypeError(f"sentence {i} is a str, not a list of tokens; split it first, e.g. text.split()")
     timesteps = max(len(s) for s in sentences)
     out = torch.zeros((len(sentences), timesteps, max_chars), dtype=torch.long)
     for i, sentence in enumerate(sentences):

@@ -7,11 +7,18 @@ the newest complete checkpoint; ``best.json`` the one with the lowest held-out p
 ({"folder", "step", "forward", "backward", "average"}; written only when the run has held-out
 data). Only those two checkpoints are kept. Checkpoint files are read with ``weights_only=True``:
 nothing but tensors and plain containers is unpickled.
+
+A checkpoint is written into a hidden folder ``.checkpoint-<step>.partial`` that is renamed to
+its name only when every file is complete, and ``latest`` then switched to it, so a crash never
+leaves a partial checkpoint under a checkpoint's name; ``remove_leftovers`` deletes what a crash
+can leave (a partial folder, a checkpoint no pointer names, temporary files) when a run starts.
+train_config.json holds the run's configuration without its save dir: a save dir may be moved.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -21,10 +28,14 @@ import numpy as np
 import torch
 
 from .atomic import atomic_path, write_json, write_text
+from .atomic import remove_leftovers as remove_temporary_files
 
 CHECKPOINT_POINTER = "latest"
 BEST_POINTER = "best.json"
 CONFIG_FILE = "train_config.json"
+PARTIAL_SUFFIX = ".partial"
+VOCAB_FILE = "vocab.txt"
+METRICS_FILES = ("metrics.csv", "heldout.csv")
 
 
 def checkpoint_name(step: int) -> str:
@@ -66,6 +77,40 @@ def save_checkpoint_file(value: dict[str, Any], path: Path) -> None:
     """Write a checkpoint file (tensors and plain containers) atomically."""
     with atomic_path(path) as tmp:
         torch.save(value, tmp)
+
+
+def partial_folder(save_dir: Path, step: int) -> Path:
+    """The hidden folder a checkpoint is written into until it is complete."""
+    return save_dir / f".{checkpoint_name(step)}{PARTIAL_SUFFIX}"
+
+
+def publish_checkpoint(save_dir: Path, partial: Path, step: int) -> Path:
+    """Rename the complete ``partial`` folder to its checkpoint folder and point ``latest`` at
+    it; a folder of that name that no pointer names (a crash's leftover) is replaced."""
+    folder = save_dir / checkpoint_name(step)
+    if folder.exists():
+        if folder in (latest_checkpoint(save_dir), best_checkpoint(save_dir)):
+            raise FileExistsError(f"{folder} is already a checkpoint of this run")
+        shutil.rmtree(folder)
+    os.replace(partial, folder)
+    point_latest(save_dir, folder)
+    return folder
+
+
+def remove_leftovers(save_dir: Path) -> list[str]:
+    """Delete what an interrupted run can leave in its save dir: partial checkpoint folders,
+    checkpoint folders that neither ``latest`` nor ``best.json`` names (a rotation cut short)
+    and the temporary files of its killed atomic writes. Returns the names deleted."""
+    keep = {latest_checkpoint(save_dir), best_checkpoint(save_dir)}
+    removed = []
+    folders = sorted(save_dir.glob("checkpoint-" + "[0-9]" * 9))
+    for path in folders + sorted(save_dir.glob(f".checkpoint-*{PARTIAL_SUFFIX}")):
+        if path.is_dir() and path not in keep:
+            shutil.rmtree(path)
+            removed.append(path.name)
+    for name in (CHECKPOINT_POINTER, BEST_POINTER, CONFIG_FILE, VOCAB_FILE, *METRICS_FILES):
+        removed += [path.name for path in remove_temporary_files(save_dir / name)]
+    return removed
 
 
 def point_latest(save_dir: Path, folder: Path) -> None:

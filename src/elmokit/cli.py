@@ -6,11 +6,14 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 
@@ -113,6 +116,27 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90m, 2h)") from None
 
 
+def _ranged(kind: Callable[[str], Any], name: str | None = None, low: float | None = None):
+    """An argparse type: ``kind(text)`` within the range elmokit.launch.RANGES gives the option
+    ``name`` (or at least ``low``)."""
+
+    def parse(text: str) -> Any:
+        from .launch import RANGES, Range
+
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not {'an integer' if kind is int else 'a number'}: {text!r}"
+            ) from None
+        problem = (RANGES[name] if name else Range(low)).problem(value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
+
+
 def _read_config(value: str) -> dict:
     from .options import PRESETS, preset
 
@@ -143,56 +167,116 @@ def vocab(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_command(args: argparse.Namespace) -> int:
-    """Train a biLM (or resume, or fine-tune from --init-from)."""
-    from .launch import TrainConfig, launch
+# the TrainConfig fields that `elmokit train` sets (its options of the same names)
+TRAIN_FIELDS = (
+    "train",
+    "vocab",
+    "save_dir",
+    "heldout",
+    "epochs",
+    "max_steps",
+    "max_time",
+    "batch_size",
+    "unroll_steps",
+    "n_negative_samples",
+    "lr",
+    "dropout",
+    "seed",
+    "device",
+    "checkpoint_minutes",
+    "init_from",
+    "precision",
+    "state_reset",
+)
 
-    config = TrainConfig(
-        train=args.train,
-        vocab=args.vocab,
-        save_dir=args.save_dir,
-        options=_read_config(args.config) if not (args.resume or args.init_from) else {},
-        heldout=args.heldout,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        max_time=args.max_time,
-        batch_size=args.batch_size,
-        unroll_steps=args.unroll_steps,
-        n_negative_samples=args.n_negative_samples,
-        lr=args.lr,
-        dropout=args.dropout,
-        seed=args.seed,
-        device=args.device,
-        checkpoint_minutes=args.checkpoint_minutes,
-        init_from=args.init_from,
-        precision=args.precision,
-        state_reset=args.state_reset,
-    )
-    if config.epochs is None and config.max_steps is None and config.max_time is None:
-        config.epochs = 10
-    launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus)
-    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+
+def train_command(args: argparse.Namespace) -> int:
+    """Train a biLM (or resume, or fine-tune from --init-from). Exits 0 when the run reached its
+    limit, 128 + the signal's number when SIGINT/SIGTERM stopped it early."""
+    import signal
+
+    from .checkpoints import CONFIG_FILE
+    from .launch import TrainConfig, TrainingError, launch, resume_config
+
+    given = {name: getattr(args, name) for name in TRAIN_FIELDS}
+    again = _resume_command(args)
+    try:
+        if args.resume:  # only what is given changes (and only what a resumed run may change)
+            given["options"] = _read_config(args.config) if args.config else {}
+            config = resume_config(args.save_dir, given)
+        else:
+            if args.train is None or args.vocab is None:
+                args.parser.error("--train and --vocab are required (unless --resume)")
+            options = _read_config(args.config or "small") if not args.init_from else {}
+            config = TrainConfig(options=options, **{k: v for k, v in given.items() if v is not None})
+            if config.epochs is None and config.max_steps is None and config.max_time is None:
+                config.epochs = 10
+        outcome = launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus)
+    except (TrainingError, OSError) as err:
+        return _fail(err)
+    except KeyboardInterrupt as err:  # a second signal (Interrupted), or one before training
+        signum = getattr(err, "signum", signal.SIGINT)
+        begun = (Path(args.save_dir) / CONFIG_FILE).is_file()
         print(
-            f"checkpoint and metrics.csv in {args.save_dir}; "
-            f"export with: elmokit export {args.save_dir} OUT_DIR"
+            f"elmokit: stopped at once by {signal.Signals(signum).name}; "
+            + (
+                f"the steps since the last checkpoint are lost. Resume with: {again}"
+                if begun
+                else "the run had not begun"
+            ),
+            file=sys.stderr,
+        )
+        return 128 + signum
+    main_process = os.environ.get("RANK", "0") == "0"  # say it once under torchrun
+    if not outcome.finished:
+        if main_process:
+            print(
+                f"elmokit: stopped early by {outcome.ended_by} at step {outcome.run.step:,}: the run "
+                f"is not finished (its checkpoint is in {args.save_dir}). Resume with: {again}",
+                file=sys.stderr,
+            )
+        return 128 + outcome.signal
+    if main_process:
+        print(
+            f"finished at step {outcome.run.step:,}: reached {outcome.ended_by}. Checkpoint and "
+            f"metrics.csv in {args.save_dir}; export with: elmokit export {args.save_dir} OUT_DIR"
         )
     return 0
 
 
+def _resume_command(args: argparse.Namespace) -> str:
+    """The command that resumes the run ``args`` start."""
+    import shlex
+
+    command = f"elmokit train --save-dir {shlex.quote(args.save_dir)} --resume"
+    if "WORLD_SIZE" in os.environ:  # started by torchrun
+        command = command.replace("elmokit ", "torchrun [its options] -m elmokit.cli ", 1)
+    if args.gpus:
+        command += f" --gpus {args.gpus}"
+    elif args.nproc and args.nproc > 1:
+        command += f" --nproc {args.nproc}"
+    return command
+
+
 def evaluate_command(args: argparse.Namespace) -> int:
     """Held-out perplexity with the full softmax, as bilm-tf's test."""
+    from .atomic import check_output
     from .data import corpus_files
+    from .devices import resolve_device
     from .evaluate import evaluate_perplexity
     from .export import load_language_model
 
-    model, vocabulary = load_language_model(args.model_dir, device=args.device)
+    device = resolve_device(args.device)
+    if args.json:
+        check_output(args.json, overwrite=True)  # before the work, not after it
+    model, vocabulary = load_language_model(args.model_dir, device=device, checkpoint=args.checkpoint)
     files = corpus_files(args.heldout)
     result = evaluate_perplexity(
         model,
         vocabulary,
         files,
         batch_size=args.batch_size,
-        device=args.device,
+        device=device,
         progress=not args.quiet,
     )
     print(f"held-out: {len(files)} files, {result.tokens:,} predictions per direction")
@@ -209,12 +293,19 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 def export_command(args: argparse.Namespace) -> int:
     from .export import export_model
+    from .weights import has_start_state
 
     out = export_model(args.model_dir, args.out_dir, checkpoint=args.checkpoint)
     print(
         f"wrote {out}/options.json, weights.hdf5 (original layout), vocab.txt, softmax.hdf5 "
         f"({args.checkpoint} checkpoint)"
     )
+    if not has_start_state(out / "weights.hdf5"):
+        print(
+            f"elmokit: note: {out} has no start state, so warm mode (the default) starts every "
+            f"sentence from zero states; add one with: elmokit start-state {out} --text FILES --write",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -226,7 +317,7 @@ def _embedder(args: argparse.Namespace):
         model,
         batch_size=args.batch_size,
         device=args.device,
-        mode=args.mode,
+        mode=args.mode if args.command == "embed" else None,  # token vectors have no LSTM state
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
         dtype=args.dtype,
     )
@@ -267,7 +358,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or shipped model name")
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=_ranged(int, low=1), default=64)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument(
         "--mode",
@@ -288,40 +379,53 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
 
 def _read_sentences(pattern: str, limit: int | None) -> list[list[str]]:
     from .data import corpus_files
+    from .textfiles import read_lines
 
     out: list[list[str]] = []
     for path in corpus_files(pattern):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.split():
-                    out.append(line.split())
-                if limit is not None and len(out) >= limit:
-                    return out
+        for line in read_lines(path):
+            if line.split():
+                out.append(line.split())
+            if limit is not None and len(out) >= limit:
+                return out
     return out
 
 
 def start_state_command(args: argparse.Namespace) -> int:
-    """Estimate a model's canonical start state from running text; compare the modes."""
+    """Estimate a model's canonical start state from running text; write it to a copy of the
+    model (--out) or into a model folder of the user's (--write); compare the modes."""
+    from .devices import resolve_device
+    from .export import check_new_folder, copy_with_start_state
+    from .pretrained import refuse_package_path
     from .start_state import estimate_start_state, sentence_losses
-    from .weights import save_weights
+    from .weights import write_start_state
 
     options, weights = model_files(args.model_dir)
-    bilm = BiLM.load(options, weights)
+    device = resolve_device(args.device)
+    if args.out:  # every output is checked before the work
+        check_new_folder(args.out)
+    if args.write:
+        refuse_package_path(weights.parent, "model folder")
+        if not os.access(weights.parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"cannot write {weights}: the folder {weights.parent} is not writable")
+    bilm = BiLM.load(options, weights).to(device)
     sentences = _read_sentences(args.text, args.sentences)
     with torch.no_grad():
-        state = estimate_start_state(bilm, sentences, rows=args.rows)
+        state = estimate_start_state(bilm, sentences, rows=args.rows, progress=not args.quiet)
     print(f"start state: mean boundary state over {len(sentences):,} sentences of {args.text}")
+    if args.out:
+        out = copy_with_start_state(weights.parent, args.out, state)
+        print(f"wrote {out}: a copy of {weights.parent} whose weights.hdf5 holds this start state")
     if args.write:
-        bilm.start_state = state
-        save_weights(bilm, weights)
+        write_start_state(weights, weights, state)
         print(f"written to {weights} (datasets start_state/h, start_state/c)")
     if args.heldout:
         from .evaluate import evaluate_perplexity
         from .export import load_language_model
 
-        lm, vocab = load_language_model(args.model_dir)
+        lm, vocab = load_language_model(args.model_dir, device=device)
         held = _read_sentences(args.heldout, None)  # all of it, as the stream protocol
-        stream = evaluate_perplexity(lm, vocab, args.heldout)
+        stream = evaluate_perplexity(lm, vocab, args.heldout, device=device, progress=not args.quiet)
         print(f"held-out {args.heldout}: perplexity forward / backward / average")
         print(
             f"  stateful stream ({stream.protocol.split(':')[0]}): {stream.forward:8.2f} "
@@ -331,7 +435,7 @@ def start_state_command(args: argparse.Namespace) -> int:
             ("zero start, each sentence alone", None),
             ("warm start, each sentence alone", state),
         ):
-            fwd, bwd, n = sentence_losses(lm, vocab, held, start)
+            fwd, bwd, n = sentence_losses(lm, vocab, held, start, progress=not args.quiet)
             print(
                 f"  {name}: {math.exp(fwd):8.2f} {math.exp(bwd):8.2f} "
                 f"{math.exp(0.5 * (fwd + bwd)):8.2f} ({n:,} predictions per direction)"
@@ -339,16 +443,124 @@ def start_state_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="elmokit", description="ELMo: deep contextualized word representations."
+def score_command(args: argparse.Namespace) -> int:
+    """Log-probability and perplexity of every sentence of a file, as JSON lines or TSV."""
+    from .scoring import load_scoring_model, score_file
+
+    try:
+        model, vocabulary = load_scoring_model(args.model, device=args.device)
+        summary = score_file(
+            model,
+            vocabulary,
+            args.input,
+            args.output,
+            fmt=args.format,
+            mode=args.mode,
+            batch_size=args.batch_size,
+            per_token=args.per_token,
+            tokenize=args.tokenize,
+            overwrite=args.overwrite,
+            progress=not args.quiet and sys.stderr.isatty(),
+        )
+    except BrokenPipeError:  # the reader stopped early (e.g. `| head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as err:  # e.g. an output that is a folder or not writable
+        return _fail(err)
+    if not args.quiet:
+        rate = max(summary.seconds, 1e-9)
+        print(
+            f"scored {summary.sentences:,} sentences ({summary.empty:,} empty "
+            f"line{'' if summary.empty == 1 else 's'} skipped), "
+            f"{summary.tokens:,} tokens ({summary.oov:,} outside the vocabulary) in "
+            f"{summary.seconds:.1f} s: {summary.sentences / rate:,.0f} sentences/s, "
+            f"{summary.tokens / rate:,.0f} tokens/s (mode {args.mode}); perplexity over all "
+            f"sentences: forward {summary.forward_perplexity:.2f}, backward "
+            f"{summary.backward_perplexity:.2f}, average {summary.perplexity:.2f}"
+            + (f" -> {args.output}" if args.output else ""),
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _substitutes_table(result: Any) -> str:
+    """A ``scoring.Substitutes`` as a readable table: rank, then word and probability per column."""
+    tokens = list(result.tokens)
+    tokens[result.position] = f"[{tokens[result.position]}]"
+    names = {
+        "forward": "left context (forward LM)",
+        "backward": "right context (backward LM)",
+        "both": "both (product, renormalised)",
+    }
+    which = f"'{result.word}'"
+    if not result.in_vocabulary:
+        which = f"<UNK> ({which} is outside the vocabulary)"
+    lines = [
+        " ".join(tokens),
+        f"word {result.position} (0-based): P({which}) "
+        + ", ".join(
+            f"{names[k].split(' (')[0]} {result.probability[k]:.4f}"
+            + (f" (rank {result.rank[k]})" if result.rank[k] is not None else "")
+            for k in names
+        ),
+        "",
+    ]
+    width = max(len(n) for n in names.values())
+    word_width = width - 8
+    lines.append("rank  " + "  ".join(f"{n:<{width}}" for n in names.values()).rstrip())
+    for i in range(len(result.both)):
+        cells = []
+        for k in names:
+            word, p = getattr(result, k)[i]
+            shown = word if len(word) <= word_width else word[: word_width - 3] + "..."
+            cells.append(f"{shown:<{word_width}}{p:>8.4f}")
+        lines.append(f"{i + 1:>4}  " + "  ".join(cells))
+    lines.append("(<S>, </S> and <UNK> are left out of the lists; probabilities are of the full vocabulary)")
+    return "\n".join(lines)
+
+
+def substitutes_command(args: argparse.Namespace) -> int:
+    """The words the model predicts at one position of a sentence."""
+    from .scoring import load_scoring_model, substitutes
+
+    tokens = " ".join(args.sentence).split()
+    model, vocabulary = load_scoring_model(args.model, device=args.device)
+    result = substitutes(model, vocabulary, tokens, args.word, k=args.k, mode=args.mode)
+    print(json.dumps(result.to_dict(), ensure_ascii=False) if args.json else _substitutes_table(result))
+    return 0
+
+
+def _scoring_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="a model with its softmax: exported folder (with softmax.hdf5), training save dir, "
+        f"or shipped model name (default {DEFAULT_MODEL})",
     )
+    p.add_argument(
+        "--mode",
+        choices=["warm", "zero"],
+        default="warm",
+        help="warm: every sentence starts from the model's start state (default); zero: from zero states",
+    )
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors (a missing or bad option) are one line, as every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"elmokit: error: {message} (see: {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="elmokit", description="ELMo: deep contextualized word representations.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="embed example sentences and show what the layers do")
     p.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder")
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
-    p.add_argument("-k", type=int, default=3, help="neighbours shown per layer")
+    p.add_argument("-k", type=_ranged(int, low=1), default=3, help="neighbours shown per layer")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("embed", help="embed a file of sentences into HDF5")
@@ -356,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="HDF5 file to write")
     _model_arguments(p)
     p.add_argument("--layers", choices=["all", "top", "average"], default="all")
-    p.add_argument("--max-tokens-per-batch", type=int, default=None)
+    p.add_argument("--max-tokens-per-batch", type=_ranged(int, low=1), default=None)
     p.add_argument(
         "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
     )
@@ -373,69 +585,97 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=tokens_command)
 
     p = sub.add_parser("start-state", help="estimate a model's start state for warm mode")
-    p.add_argument("model_dir", help="exported model folder (options.json + weights.hdf5)")
+    p.add_argument("model_dir", help="model folder (options.json + weights.hdf5) or shipped model name")
     p.add_argument("--text", required=True, help="glob of running text (not the test set)")
-    p.add_argument("--sentences", type=int, default=20000, help="at most this many sentences of --text")
-    p.add_argument("--rows", type=int, default=32, help="parallel streams")
-    p.add_argument("--write", action="store_true", help="store it in the model's weights.hdf5")
+    p.add_argument(
+        "--sentences", type=_ranged(int, low=1), default=20000, help="at most this many sentences of --text"
+    )
+    p.add_argument("--rows", type=_ranged(int, low=1), default=32, help="parallel streams")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out", metavar="DIR", help="write a copy of the model, with this start state, to the new folder DIR"
+    )
+    where.add_argument(
+        "--write",
+        action="store_true",
+        help="store it in MODEL_DIR's weights.hdf5 (a folder of your own; never the installed package)",
+    )
     p.add_argument("--heldout", help="glob of held-out text: compare perplexity of the modes")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=start_state_command)
 
     p = sub.add_parser("vocab", help="build a frequency-sorted vocabulary from corpus files")
     p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
     p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
-    p.add_argument("--min-count", type=int, default=1)
-    p.add_argument("--max-size", type=int, default=None, help="including <S>, </S>, <UNK>")
+    p.add_argument("--min-count", type=_ranged(int, low=1), default=1)
+    p.add_argument("--max-size", type=_ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
     p.set_defaults(func=vocab)
 
-    p = sub.add_parser("train", help="train a biLM with the original recipe")
-    p.add_argument("--train", required=True, help="glob of training text files")
-    p.add_argument("--vocab", required=True, help="vocabulary file (elmokit vocab)")
+    p = sub.add_parser(
+        "train",
+        help="train a biLM with the original recipe",
+        description="Train a biLM. With --resume, the run in --save-dir continues with its own "
+        "configuration; only --train, --vocab, --heldout, the limits, --device, "
+        "--checkpoint-minutes and --precision may change (other options, if given, must equal "
+        "the run's). Exit status: 0 when a limit ended the run, 128 + N when signal N stopped it "
+        "early (it can be resumed), 2 on an error.",
+    )
+    p.add_argument("--train", help="glob of training text files (required unless --resume)")
+    p.add_argument("--vocab", help="vocabulary file, elmokit vocab (required unless --resume)")
     p.add_argument("--save-dir", required=True)
     p.add_argument(
         "--config",
-        default="small",
-        help="preset (tiny, small, medium, original) or a bilm-tf options .json",
+        default=None,
+        help="preset (tiny, small, medium, original; default small) or a bilm-tf options .json",
     )
-    p.add_argument("--heldout", help="glob of held-out files (evaluated at the end)")
+    p.add_argument("--heldout", help="glob of held-out files (evaluated at each checkpoint)")
     stop = p.add_argument_group("when to stop (default: 10 epochs)")
-    stop.add_argument("--epochs", type=float)
-    stop.add_argument("--max-steps", type=int)
-    stop.add_argument("--max-time", type=parse_duration, help="e.g. 90m, 2h (this session)")
-    p.add_argument("--batch-size", type=int, default=128, help="per process")
-    p.add_argument("--unroll-steps", type=int, default=20)
-    p.add_argument("--n-negative-samples", type=int, default=8192)
-    p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    stop.add_argument("--epochs", type=_ranged(float, "epochs"))
+    stop.add_argument("--max-steps", type=_ranged(int, "max_steps"), help="in all, resumed steps included")
+    stop.add_argument(
+        "--max-time", type=_ranged(parse_duration, "max_time"), help="e.g. 90m, 2h (this session)"
+    )
+    p.add_argument("--batch-size", type=_ranged(int, "batch_size"), help="per process (default 128)")
+    p.add_argument("--unroll-steps", type=_ranged(int, "unroll_steps"), help="default 20")
+    p.add_argument("--n-negative-samples", type=_ranged(int, "n_negative_samples"), help="default 8192")
+    p.add_argument("--lr", type=_ranged(float, "lr"), help="Adagrad learning rate (default 0.2)")
+    p.add_argument("--dropout", type=_ranged(float, "dropout"), help="default 0.1")
+    p.add_argument("--seed", type=_ranged(int, "seed"), help="default 0")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--gpus", help="start one process per listed GPU, e.g. 0,1,2 (NCCL DDP)")
-    p.add_argument("--nproc", type=int, default=1, help="start this many CPU processes (gloo DDP)")
-    p.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    p.add_argument(
+        "--nproc", type=_ranged(int, "nproc"), default=1, help="start this many CPU processes (gloo DDP)"
+    )
+    p.add_argument("--checkpoint-minutes", type=_ranged(float, "checkpoint_minutes"), help="default 10")
     p.add_argument(
         "--precision",
         choices=["fp32", "bf16"],
-        default="fp32",
-        help="bf16 autocasts the forward pass (GPUs and CPUs with bf16 support)",
+        help="fp32 (default); bf16 autocasts the forward pass (GPUs and CPUs with bf16 support)",
     )
     p.add_argument(
         "--state-reset",
-        type=float,
-        default=0.0,
+        type=_ranged(float, "state_reset"),
         help="probability of zeroing a row's carried LSTM state before a window "
-        "(0 = original recipe; 0.01 teaches the model to start from zero)",
+        "(default 0 = original recipe; 0.01 teaches the model to start from zero)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
     p.add_argument("--init-from", help="model folder to fine-tune from (new vocabulary allowed)")
-    p.set_defaults(func=train_command)
+    p.set_defaults(func=train_command, parser=p)
 
     p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
     p.add_argument("model_dir", help="training save dir or exported model folder")
     p.add_argument("--heldout", required=True, help="glob of held-out files")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=_ranged(int, low=1), default=256, help="parallel streams")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--checkpoint",
+        choices=["latest", "best"],
+        default="latest",
+        help="of a training save dir: the latest, or the one with the lowest held-out perplexity",
+    )
     p.add_argument("--json", help="also write the figures to this JSON file")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=evaluate_command)
 
     p = sub.add_parser("export", help="write a trained model in the original layout")
@@ -449,19 +689,83 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=export_command)
 
+    p = sub.add_parser(
+        "score",
+        help="log-probability and perplexity of each sentence (full softmax)",
+        description="Score each sentence on its own: the forward LM predicts its tokens and </S> "
+        "from <S>, the backward LM its tokens and <S> from </S> (full softmax, natural logs; "
+        "tokens outside the vocabulary count as <UNK>). One output line per non-empty input line, "
+        "with its line number; empty lines are skipped.",
+    )
+    p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
+    p.add_argument("-o", "--output", help="file to write (atomically); default: stdout")
+    p.add_argument("--format", choices=["jsonl", "tsv"], default="jsonl", help="JSON lines (default) or TSV")
+    p.add_argument(
+        "--per-token", action="store_true", help="JSON lines: also each prediction's log-probability"
+    )
+    _scoring_model_arguments(p)
+    p.add_argument("--batch-size", type=_ranged(int, low=1), default=64)
+    p.add_argument(
+        "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=score_command)
+
+    p = sub.add_parser(
+        "substitutes",
+        help="the words the model predicts at a position, from the left, the right and both",
+        description="The k most probable words at one position of a tokenized sentence: from the "
+        "left context (forward LM), the right context (backward LM) and both (the product of the "
+        "two distributions, renormalised). <S>, </S> and <UNK> are left out of the lists.",
+    )
+    p.add_argument(
+        "sentence", nargs="+", help="a whitespace-tokenized sentence (quoted, or one word per argument)"
+    )
+    p.add_argument(
+        "--word", type=int, required=True, help="index of the token to predict, 0-based (the first is 0)"
+    )
+    p.add_argument("-k", type=_ranged(int, low=1), default=10, help="words listed per column (default 10)")
+    _scoring_model_arguments(p)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.set_defaults(func=substitutes_command)
+
     from .tasks.cli import add_task_parser
 
     add_task_parser(sub)  # elmokit task ner|pos|sentiment ...
+
+    from .compat.allennlp import add_elmo_parser
+
+    add_elmo_parser(sub)  # elmokit elmo ...: `allennlp elmo`'s arguments, layout and numbers
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
-        print(f"elmokit: error: {err}", file=sys.stderr)
-        return 2
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return args.func(args)
+        except (OSError, ValueError, ImportError) as err:  # OSError: missing, unwritable, a folder...
+            return _fail(err)
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM during a write (atomic.Terminated)
+            signum = getattr(err, "signum", signal.SIGINT)
+            print(
+                f"elmokit: error: interrupted by {signal.Signals(signum).name}; no partial output was left",
+                file=sys.stderr,
+            )
+            return 128 + signum
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings in one line, as errors are."""
+    print(f"elmokit: warning: {message}", file=sys.stderr)
+
+
+def _fail(err: BaseException) -> int:
+    """Report an error in one line, as every command does; returns the exit status."""
+    print(f"elmokit: error: {err}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ number of batches: reduce totals after the loop, not per batch.
 Resumability: shard and sentence orders are derived from ``(seed, direction, rank, epoch, shard)``
 by counter-based seeding, so a generator's position is a few integers plus the unfinished sentence
 of each batch row. ``state_dict()`` returns that as JSON-serializable data; ``load_state_dict()``
-on a fresh instance continues with exactly the batches the original would have produced.
+on a fresh instance continues with exactly the batches the original would have produced. It
+checks the shards by file name, not path, so a corpus may be moved between the two.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 _SKIPPED_VOCAB_LINE = "!!!MAXTERMID"  # marker line of lm_1b vocabulary files; bilm-tf skips it
 _STATE_VERSION = 1
 _OOV_CACHE = 100_000  # out-of-vocabulary tokens whose char ids are kept (the most recent)
+HELDOUT_BATCH_SIZE = 256  # streams of bilm-tf's evaluation protocol
 
 PathLike = str | os.PathLike
 Files = PathLike | Sequence[PathLike]
 
 __all__ = [
+    "HELDOUT_BATCH_SIZE",
     "BidirectionalLMBatches",
     "LMBatches",
     "SentenceStream",
@@ -271,6 +274,11 @@ def _read_lines(path: PathLike) -> Iterator[str]:
         raise ValueError(f"corpus file {path} is not valid UTF-8: {err}") from None
 
 
+def _names(files: Sequence[str]) -> list[str]:
+    """The file names (without folders) of a list of shards."""
+    return [os.path.basename(f) for f in files]
+
+
 def _rng(*key: int) -> np.random.Generator:
     return np.random.default_rng([int(k) for k in key])
 
@@ -400,8 +408,17 @@ class SentenceStream:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at ``state``'s position. The shards are compared by file name (in order),
+        not by path: a corpus may be moved between a checkpoint and its resumption."""
         for name, value in self._config.items():
-            if state.get(name) != value:
+            if name == "files":
+                ours, theirs = _names(value), _names(state.get(name) or [])
+                if ours != theirs:
+                    raise ValueError(
+                        f"the data position is for the shards {', '.join(theirs)}, but the corpus "
+                        f"glob matches {', '.join(ours)}; resume with the same shards (they may be moved)"
+                    )
+            elif state.get(name) != value:
                 raise ValueError(
                     f"sentence stream state does not match this stream: {name} is "
                     f"{state.get(name)!r} in the state, {value!r} here"
@@ -668,7 +685,7 @@ class BidirectionalLMBatches:
 def heldout_batches(
     files: Files,
     vocab: Vocabulary,
-    batch_size: int = 256,
+    batch_size: int = HELDOUT_BATCH_SIZE,
     unroll_steps: int = 1,
     *,
     rank: int = 0,

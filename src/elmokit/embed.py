@@ -10,26 +10,31 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
+import warnings
 from array import array as typed_array
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import h5py
 import numpy as np
 import torch
 
 from . import kernels
-from .atomic import atomic_path
+from .atomic import atomic_path, check_output
 from .bilm import BiLM, CarriedState
-from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
+from .characters import BOS_TOKEN, EOS_TOKEN, check_token_lists, tokens_to_ids
+from .devices import resolve_device
 from .lstm import LstmState
 from .pretrained import DEFAULT_MODEL, model_files
+from .textfiles import count_lines, read_lines
 from .token_cache import EncodingCache
 
 MODES = ("warm", "zero", "stateful")
@@ -68,7 +73,8 @@ class TokenCache:
         max_chars = self.bilm.options.char_cnn.max_characters_per_token
 
         def encode(positions: list[int]) -> torch.Tensor:
-            ids = tokens_to_ids([distinct[i] for i in positions], max_chars)
+            # the encodings are this cache; the ids of the tokens it misses are computed afresh
+            ids = tokens_to_ids([distinct[i] for i in positions], max_chars, cache=False)
             return encoder.encode_unique(ids.to(_device(self.bilm)))
 
         if self.size > 0 and kernels.enabled("token_cache"):
@@ -84,19 +90,19 @@ class TokenCache:
 class SentenceIndex:
     """The "sentence_to_index" JSON of ``allennlp elmo``, ``json.dumps({sentence: str(line)})``,
     built with little memory: the sentences go to a temporary file as they come, and only their
-    hashes and file offsets (16 bytes a sentence) stay in memory. A repeated sentence keeps its
-    first position and takes its last line number, as a dict does; equal hashes are compared by
-    their text, so the result is exactly the dict's JSON.
+    hashes (8 bytes a sentence) stay in memory; the JSON itself is written to a second temporary
+    file. A repeated sentence keeps its first position and takes its last line number, as a dict
+    does; lines of equal hashes are compared by their text, so the result is exactly the dict's
+    JSON (ASCII, since ``json.dumps`` escapes every non-ASCII character).
 
-    ``add`` the sentences in line order, then ``to_json()`` returns the UTF-8 bytes (ASCII, since
-    ``json.dumps`` escapes every non-ASCII character)."""
+    ``add`` the sentences in line order, then ``json_file()`` gives the JSON's file and size.
+    The temporary files have no name (removed by the system even if the process is killed)."""
 
     def __init__(self, folder: str | os.PathLike | None = None) -> None:
         self._folder = folder
-        self._keys = tempfile.TemporaryFile(dir=folder)
+        self._keys = tempfile.TemporaryFile(dir=folder)  # one JSON string per line
+        self._json: BinaryIO | None = None
         self._hashes = typed_array("q")
-        self._offsets = typed_array("q")
-        self._end = 0
 
     def __enter__(self) -> SentenceIndex:
         return self
@@ -106,61 +112,101 @@ class SentenceIndex:
 
     def close(self) -> None:
         self._keys.close()
+        if self._json is not None:
+            self._json.close()
 
     def __len__(self) -> int:
         return len(self._hashes)
 
     def add(self, sentence: str) -> None:
-        line = json.dumps(sentence).encode("ascii") + b"\n"
         self._hashes.append(hash(sentence))
-        self._offsets.append(self._end)
-        self._keys.write(line)
-        self._end += len(line)
+        self._keys.write(json.dumps(sentence).encode("ascii") + b"\n")
 
-    def _key(self, i: int) -> bytes:
-        self._keys.seek(self._offsets[i])
-        return self._keys.readline()
+    def _repeats(self) -> tuple[set[int], dict[int, int]]:
+        """The lines whose sentence came before (left out of the JSON), and for each first
+        line of a repeated sentence the last line it was on."""
+        hashes = np.frombuffer(self._hashes, dtype=np.int64)
+        ordered = np.sort(hashes)
+        shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # hashes of 2 or more lines
+        del ordered
+        candidates = set(np.flatnonzero(np.isin(hashes, shared)).tolist())
+        lines: dict[bytes, list[int]] = {}
+        if candidates:
+            self._keys.seek(0)
+            for i, key in enumerate(self._keys):
+                if i in candidates:
+                    lines.setdefault(key, []).append(i)
+        later = {i for same in lines.values() for i in same[1:]}
+        last = {same[0]: same[-1] for same in lines.values() if len(same) > 1}
+        return later, last
+
+    def json_file(self) -> tuple[BinaryIO, int]:
+        """A temporary file holding the JSON (read from its start), and its size in bytes."""
+        self._keys.flush()
+        later, last = self._repeats()
+        if self._json is not None:
+            self._json.close()
+        out = self._json = tempfile.TemporaryFile(dir=self._folder)
+        out.write(b"{")
+        separator = b""
+        self._keys.seek(0)
+        for i, key in enumerate(self._keys):
+            if i not in later:
+                out.write(b'%s%s: "%d"' % (separator, key[:-1], last.get(i, i)))
+                separator = b", "
+        out.write(b"}")
+        size = out.tell()
+        out.seek(0)
+        return out, size
 
     def to_json(self) -> bytes:
-        n = len(self._hashes)
-        if n == 0:
-            return b"{}"
-        hashes = np.frombuffer(self._hashes, dtype=np.int64)
-        order = np.argsort(hashes, kind="stable")  # equal hashes in line order
-        bounds = np.flatnonzero(np.diff(hashes[order])) + 1
-        starts, ends = np.r_[0, bounds], np.r_[bounds, n]
-        first = np.ones(n, dtype=bool)  # the line that places its sentence in the JSON
-        value = np.arange(n)  # the line number written for it
-        for g in np.flatnonzero(ends - starts > 1):  # same hash: group by the actual text
-            lines: dict[bytes, list[int]] = {}
-            for i in order[starts[g] : ends[g]].tolist():
-                lines.setdefault(self._key(i), []).append(i)
-            for same in lines.values():
-                first[same[1:]] = False
-                value[same[0]] = same[-1]
-        self._keys.flush()
-        self._keys.seek(0)
-        with tempfile.TemporaryFile(dir=self._folder) as out:
-            out.write(b"{")
-            separator = b""
-            for i, (line, is_first) in enumerate(zip(self._keys, first.tolist())):
-                if is_first:
-                    out.write(b'%s%s: "%d"' % (separator, line[:-1], value[i]))
-                    separator = b", "
-            out.write(b"}")
-            out.seek(0)
-            return out.read()
+        """The JSON's bytes, all in memory (for small indexes; files use ``json_file``)."""
+        return self.json_file()[0].read()
 
 
-def _release_free_memory() -> None:
-    """Give the allocator's free memory back to the system (glibc only; else nothing)."""
-    if sys.platform.startswith("linux"):
+def _reserve_string(out: h5py.File, name: str, size: int) -> int:
+    """Create dataset ``name`` of shape (1,) holding one fixed-length UTF-8 string of ``size``
+    bytes, its storage allocated now in the file (contiguous, never filled); returns the
+    storage's byte offset in the file, where the string's bytes are to be written."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    dataset = out.create_dataset(name, shape=(1,), dtype=h5py.string_dtype("utf-8", size), dcpl=dcpl)
+    offset = dataset.id.get_offset()
+    if offset is None:
+        raise RuntimeError(f"HDF5 did not allocate the storage of dataset {name!r}")
+    return offset
+
+
+def _limit_hdf5_free_lists() -> None:
+    """Make HDF5 hand the blocks it frees back to malloc (``H5set_free_list_limits`` of 0)
+    instead of keeping them on its own free lists. Kept blocks of the many sizes an embedding
+    run writes pinned the heap between torch's per-batch buffers: the peak RSS of ``embed``
+    grew by about 250 bytes per line. h5py does not wrap the call, so it is made through
+    ctypes on the HDF5 library h5py loaded, found in the process's memory map (Linux; elsewhere,
+    or if the library is not found, nothing changes). Process-wide and harmless to repeat."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "/libhdf5" in line and "libhdf5_hl" not in line}
+    except OSError:
+        return
+    for path in paths:
         try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            function = ctypes.CDLL(path).H5set_free_list_limits
         except (OSError, AttributeError):
-            pass
+            continue
+        function.argtypes, function.restype = [ctypes.c_int] * 6, ctypes.c_int
+        function(0, 0, 0, 0, 0, 0)
+
+
+def _copy_into(path: str | os.PathLike, offset: int, source: BinaryIO) -> None:
+    """Write the rest of ``source`` into the file at ``path`` from byte ``offset`` on, in blocks."""
+    with open(path, "r+b") as target:
+        target.seek(offset)
+        shutil.copyfileobj(source, target, 1 << 20)
 
 
 def _device(module: torch.nn.Module) -> torch.device:
@@ -203,6 +249,9 @@ class Embedder:
     AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (README, "Speed");
     float32 is the default. A BiLM passed in is never changed: when it is on another device or
     dtype the Embedder runs a copy, and it runs in eval mode only for the duration of a batch.
+    ``mode`` None (default) is "warm", which starts from zeros for a model without a start state;
+    asking for "warm" explicitly of such a model gives a UserWarning. ``device`` None is cuda
+    when there is a GPU, else the model's device; a device this machine lacks is a ValueError.
     """
 
     def __init__(
@@ -210,11 +259,13 @@ class Embedder:
         model: BiLM | str | os.PathLike | None = None,
         batch_size: int = 64,
         device: str | torch.device | None = None,
-        mode: str = "warm",
+        mode: str | None = None,
         max_tokens_per_batch: int | None = None,
         token_cache_size: int = 100_000,
         dtype: str | torch.dtype = torch.float32,
     ) -> None:
+        asked_warm = mode == "warm"
+        mode = "warm" if mode is None else mode
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if isinstance(dtype, str):
@@ -231,8 +282,9 @@ class Embedder:
             bilm = BiLM.load(*model_files(DEFAULT_MODEL if model is None else model))
         if device is None:
             device = "cuda" if torch.cuda.is_available() else _device(bilm)
+        device = resolve_device(device)
         weight = next(bilm.parameters())
-        if weight.device != torch.device(device) or weight.dtype != dtype:
+        if weight.device != device or weight.dtype != dtype:
             # a model handed in is never changed: run a copy on the requested device and dtype
             bilm = (copy.deepcopy(bilm) if bilm is model else bilm).to(device=device, dtype=dtype)
         if bilm is not model:
@@ -242,6 +294,14 @@ class Embedder:
         self.max_tokens_per_batch = max_tokens_per_batch
         self.carried = CarriedState() if mode == "stateful" else None
         self.cache = TokenCache(self.bilm, token_cache_size)
+        if asked_warm and bilm.start_state is None:
+            warnings.warn(
+                "the model has no start state, so warm mode starts every sentence from zero states "
+                "(the same as mode 'zero'); estimate one with: elmokit start-state MODEL --text "
+                "FILES --out DIR",
+                UserWarning,
+                stacklevel=2,
+            )
 
     @property
     def dim(self) -> int:
@@ -349,26 +409,27 @@ class Embedder:
         ``allennlp elmo``: dataset "i" for line i, (3, n_tokens, dim) for ``all`` or
         (n_tokens, dim) for ``top``/``average``, and "sentence_to_index" (JSON) unless disabled.
 
-        The output is written to a temporary file beside it and renamed when complete.
+        The output is written to a temporary file beside it and renamed when complete; on an
+        error or an interruption nothing is left. Memory does not grow with the file beyond
+        bounded caches (token encodings, HDF5's metadata) and 8 bytes a line (the sentence
+        index's hashes): the index's JSON is built in a temporary file and copied
+        into the output in blocks, as one fixed-length UTF-8 string (read it with
+        ``json.loads(f["sentence_to_index"][0])``, as allennlp's files).
         """
         if layers not in LAYERS:
             raise ValueError(f"layers must be one of {', '.join(LAYERS)}, got {layers!r}")
-        output = Path(output_path)
-        if output.exists() and not overwrite:
-            raise FileExistsError(f"{output} exists; pass overwrite=True (--overwrite) to replace it")
-        if not output.parent.is_dir():
-            raise FileNotFoundError(f"output folder does not exist: {output.parent}")
-        lines = _read_lines(input_path)
-        total = _count_lines(input_path)
+        output = check_output(output_path, overwrite)
+        _refuse_same_file(input_path, output)
+        total = count_lines(input_path)
+        lines = read_lines(input_path)
         split = _tokenizer(tokenize)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
-        with atomic_path(output, overwrite) as tmp_name:
-            with (
-                h5py.File(tmp_name, "w") as out,
-                _progress(progress, total) as bar,
-                SentenceIndex(output.parent) as index,
-            ):
+        _limit_hdf5_free_lists()
+        with atomic_path(output, overwrite) as tmp_name, SentenceIndex(output.parent) as index:
+            # HDF5 1.8's group format: its link index stays flat in memory (the 1.6 format kept
+            # every name of the group in one cached heap: +75 MB at 600,000 datasets)
+            with h5py.File(tmp_name, "w", libver=("v108", "v108")) as out, _progress(progress, total) as bar:
                 texts: deque[str] = deque()  # lines read but not yet written, in order
 
                 def token_lists() -> Iterator[list[str]]:
@@ -388,8 +449,10 @@ class Embedder:
                     bar.update(1)
                     bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
                 if sentence_index:
-                    _release_free_memory()  # the JSON is written at once: do not add to the peak
-                    out.create_dataset("sentence_to_index", data=[index.to_json()], dtype=h5py.string_dtype())
+                    json_file, size = index.json_file()
+                    offset = _reserve_string(out, "sentence_to_index", size)
+            if sentence_index:  # the HDF5 file is closed: its layout is final
+                _copy_into(tmp_name, offset, json_file)
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
 
     def embed_tokens_file(
@@ -397,10 +460,10 @@ class Embedder:
     ) -> int:
         """Context-independent vectors of every line of a vocabulary file: HDF5 dataset
         "embedding" (n_lines, projection_dim), as bilm-tf's dump_token_embeddings."""
-        output = Path(output_path)
-        if output.exists() and not overwrite:
-            raise FileExistsError(f"{output} exists; pass overwrite=True (--overwrite) to replace it")
-        tokens = [line.strip() for line in _read_lines(vocab_path)]
+        output = check_output(output_path, overwrite)
+        _refuse_same_file(vocab_path, output)
+        count_lines(vocab_path)  # a missing input or a folder is named
+        tokens = [line.strip() for line in read_lines(vocab_path)]
         for number, token in enumerate(tokens, start=1):
             if not token:
                 raise ValueError(f"{vocab_path}: line {number} is empty")
@@ -415,16 +478,22 @@ class Embedder:
 
 
 def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:
+    check_token_lists(sentences)
     if len(sentences) == 0:
         raise ValueError("empty sentence list: give at least one sentence")
     for i, sentence in enumerate(sentences):
-        if isinstance(sentence, str):
-            raise TypeError(f"sentence {i} is a str, not a list of tokens; split it first")
         if len(sentence) == 0:
             raise ValueError(f"sentence {i} is empty")
         for token in sentence:
-            if not isinstance(token, str) or token == "":
-                raise ValueError(f"sentence {i} has an empty or non-string token: {token!r}")
+            if token == "":
+                raise ValueError(f"sentence {i} has an empty token")
+
+
+def _refuse_same_file(input_path: str | os.PathLike, output: Path) -> None:
+    """An output that is the input itself (the same file under any name) would replace it."""
+    if str(input_path) != "-" and output.exists() and Path(input_path).exists():
+        if os.path.samefile(input_path, output):
+            raise ValueError(f"output {output} is the input file {input_path}; write to another file")
 
 
 def _select_layers(array: np.ndarray, layers: str) -> np.ndarray:
@@ -433,41 +502,6 @@ def _select_layers(array: np.ndarray, layers: str) -> np.ndarray:
     if layers == "average":
         return array.mean(axis=0)
     return array
-
-
-def _read_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Lines of a UTF-8 file (or stdin for "-"), without line ends or a byte-order mark; invalid
-    UTF-8 is an error naming the line."""
-    handle = sys.stdin.buffer if str(path) == "-" else open(path, "rb")  # noqa: SIM115
-    try:
-        for number, raw in enumerate(handle, start=1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            try:
-                yield raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{path}: line {number} is not valid UTF-8 ({err.reason})") from None
-    finally:
-        if handle is not sys.stdin.buffer:
-            handle.close()
-
-
-def _count_lines(path: str | os.PathLike) -> int | None:
-    if str(path) == "-":
-        return None
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"input file not found: {path}")
-    if path.is_dir():
-        raise IsADirectoryError(f"input is a folder, not a file: {path}")
-    if not path.is_file():  # a pipe, e.g. <(command): read once, no total
-        return None
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
 
 
 def _tokenizer(tokenize: bool):

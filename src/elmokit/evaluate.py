@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +13,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import heldout_batches
+from .data import corpus_files, heldout_batches
+from .devices import resolve_device
 from .language_model import LanguageModel, batch_tensors
 from .lstm import LstmState
+from .textfiles import read_lines
 
 PERPLEXITY_PROTOCOL = (
     "bilm-tf test protocol: full softmax, batch {batch_size} streams, unroll_steps=1 with the LSTM "
@@ -45,6 +49,18 @@ def _grouped(batches: Iterable[dict[str, np.ndarray]], window: int) -> Iterator[
         yield {k: np.concatenate([b[k] for b in group], axis=1) for k in group[0]}
 
 
+def _positions(files: Any) -> int:
+    """About how many positions each direction's stream of held-out text has (one per token and
+    one per sentence boundary), read quickly: the total of the progress bar."""
+    paths = corpus_files(files) if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+    count = 0
+    for path in paths:
+        for line in read_lines(path):
+            n = len(line.split())
+            count += n + 1 if n else 0
+    return count
+
+
 @torch.no_grad()
 def evaluate_perplexity(
     model: LanguageModel,
@@ -57,20 +73,38 @@ def evaluate_perplexity(
     progress: bool = False,
 ) -> Perplexity:
     """Forward, backward and average perplexity of held-out text (a glob or files) with the full
-    softmax; ``chunk_rows`` positions' logits over the vocabulary at a time."""
+    softmax; ``chunk_rows`` positions' logits over the vocabulary at a time, computed in one
+    scratch buffer that every chunk reuses. ``progress`` shows a bar of predictions per
+    direction with its total (estimated from the text) and time left."""
+    for name, value in (("batch_size", batch_size), ("window", window), ("chunk_rows", chunk_rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
+    device = resolve_device(device)
     model = model.to(device).eval()
     max_chars = model.bilm.options.char_cnn.max_characters_per_token
     data = heldout_batches(
         files, vocab, batch_size=batch_size, unroll_steps=1, max_characters_per_token=max_chars
     )
+    softmax = model.softmax
+    if softmax is None:
+        raise ValueError("this LanguageModel has no softmax (it was made without a vocab_size)")
+    weight = softmax.weight
+    scratch = weight.new_empty(2, min(chunk_rows, batch_size * window), weight.shape[0])
     totals = torch.zeros(2, dtype=torch.float64)
     count = 0
     state: LstmState | None = None
-    for batch in tqdm(_grouped(data, window), disable=not progress, unit="window"):
-        chars, targets = batch_tensors(batch, device)
-        hidden, state = model.hidden_states(chars, state)
-        totals += model.position_losses(hidden, targets, chunk_rows).double().flatten(1).sum(1).cpu()
-        count += targets[0].numel()
+    total = _positions(files) if progress else None
+    with tqdm(total=total, disable=not progress, unit="tok", unit_scale=True, file=sys.stderr) as bar:
+        for batch in _grouped(data, window):
+            chars, targets = batch_tensors(batch, device)
+            hidden, state = model.hidden_states(chars, state)
+            for d in range(2):  # (batch, steps, dim) -> losses of every position
+                rows = hidden[d].reshape(-1, hidden.shape[-1])
+                totals[d] += softmax.full_loss(rows, targets[d].reshape(-1), scratch).double().sum().cpu()
+            count += targets[0].numel()
+            bar.update(targets[0].numel())
+        bar.total = bar.n  # the last partial batch is dropped: the estimate was a little high
+        bar.refresh()
     if count == 0:
         raise ValueError(f"held-out data too small: fewer sentences than one batch of {batch_size} streams")
     mean = totals / count

@@ -4,12 +4,15 @@ folder in the original layout (options.json, weights.hdf5, vocab.txt, softmax.hd
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .atomic import write_json
+from .atomic import terminate_raises, write_json
 from .checkpoints import (
     CHECKPOINT_POINTER,
     CONFIG_FILE,
@@ -20,9 +23,18 @@ from .checkpoints import (
 )
 from .data import Vocabulary
 from .language_model import LanguageModel
+from .lstm import LstmState
 from .options import BiLMOptions
-from .pretrained import available_models, model_files
-from .weights import SOFTMAX_FILE, load_softmax, load_weights, save_options, save_softmax, save_weights
+from .pretrained import available_models, model_files, refuse_package_path
+from .weights import (
+    SOFTMAX_FILE,
+    load_softmax,
+    load_weights,
+    save_options,
+    save_softmax,
+    save_weights,
+    write_start_state,
+)
 
 TRAINING_FILE = "training.json"
 
@@ -68,9 +80,8 @@ def export_model(
 ) -> Path:
     """Write options.json + weights.hdf5 (original layout), vocab.txt, softmax.hdf5 and
     training.json of a save dir's "latest" or "best" (lowest held-out perplexity) checkpoint."""
+    out = _output_folder(out_dir)
     model, vocab = load_language_model(model_dir, checkpoint=checkpoint)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     extra = {"bidirectional": True, "n_tokens_vocab": len(vocab), **(extra_options or {})}
     save_options(model.bilm.options, out / "options.json", extra)
     save_weights(model.bilm, out / "weights.hdf5")
@@ -79,4 +90,59 @@ def export_model(
     history = training_summary(Path(model_dir), checkpoint)
     if history is not None:
         write_json(out / TRAINING_FILE, history)
+    return out
+
+
+def _output_folder(path: str | Path) -> Path:
+    """The folder ``path``, made if missing, checked writable and outside the installed package
+    before any work; errors name the problem."""
+    out = Path(path)
+    refuse_package_path(out, "output folder")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output {out} is a file; give a folder to write the model into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write into {out}: the folder is not writable")
+    return out
+
+
+def check_new_folder(path: str | Path) -> Path:
+    """Check, before any work, that a new model folder can be written at ``path``: outside the
+    installed package, not an existing file or non-empty folder (nothing is replaced), in a
+    writable folder."""
+    out = Path(path)
+    refuse_package_path(out, "output folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; give a new folder")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"folder does not exist: {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot make {out}: the folder {parent} is not writable")
+    return out
+
+
+def copy_with_start_state(folder: str | Path, out_dir: str | Path, state: LstmState) -> Path:
+    """Write a copy of the model folder ``folder`` (every file) to the new folder ``out_dir``,
+    its weights.hdf5 holding ``state`` as the start state. The copy is made in a hidden folder
+    beside ``out_dir`` and renamed when complete: ``out_dir`` appears whole or not at all."""
+    folder, out = Path(folder), check_new_folder(out_dir)
+    with terminate_raises():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.absolute().parent))
+        try:
+            for item in sorted(folder.iterdir()):
+                if item.name == "weights.hdf5":
+                    write_start_state(item, tmp / item.name, state)
+                elif item.is_file():
+                    shutil.copyfile(item, tmp / item.name)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o777 & ~mask)
+            os.rename(tmp, out)  # replaces an empty folder
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,41 +66,63 @@ class BiLMOptions:
 
     @classmethod
     def from_dict(cls, options: dict[str, Any], source: str = "options") -> BiLMOptions:
-        """Check and read an options dict as bilm-tf writes it."""
+        """Check and read an options dict as bilm-tf writes it: every field's type and range is
+        checked, and an error names the field and the value found."""
         if not isinstance(options, dict):
             raise OptionsError(f"{source}: expected a JSON object, got {type(options).__name__}")
         lstm = _section(options, "lstm", source)
         cnn = _section(options, "char_cnn", source)
         embedding = _section(cnn, "embedding", f"{source}: char_cnn")
-        filters = tuple(tuple(int(v) for v in f) for f in _field(cnn, "filters", source, "char_cnn"))
-        if not filters or any(len(f) != 2 or f[0] < 1 or f[1] < 1 for f in filters):
-            raise OptionsError(
-                f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] pairs "
-                f"of positive ints, got {cnn['filters']!r}"
-            )
+        filters = _filters(_field(cnn, "filters", source, "char_cnn"), source)
         activation = cnn.get("activation", "relu")
         if activation not in ("relu", "tanh"):
-            raise OptionsError(f"{source}: char_cnn.activation must be relu or tanh, got {activation!r}")
+            raise OptionsError(
+                f"{source}: char_cnn.activation must be relu or tanh, got {_shown(activation)}"
+            )
         char_cnn = CharCNNOptions(
-            embedding_dim=int(_field(embedding, "dim", source, "char_cnn.embedding")),
+            embedding_dim=_integer(
+                _field(embedding, "dim", source, "char_cnn.embedding"), source, "char_cnn.embedding.dim"
+            ),
             filters=filters,
-            n_highway=int(_field(cnn, "n_highway", source, "char_cnn")),
+            n_highway=_integer(
+                _field(cnn, "n_highway", source, "char_cnn"), source, "char_cnn.n_highway", low=0
+            ),
             activation=activation,
-            n_characters=int(cnn.get("n_characters", 262)),
-            max_characters_per_token=int(cnn.get("max_characters_per_token", MAX_CHARACTERS_PER_TOKEN)),
+            n_characters=_integer(
+                cnn.get("n_characters", 262),
+                source,
+                "char_cnn.n_characters",
+                low=262,
+                why=" (character ids go up to 261 at prediction; bilm-tf's training options say 261, "
+                "use 262 as its README says)",
+            ),
+            max_characters_per_token=_integer(
+                cnn.get("max_characters_per_token", MAX_CHARACTERS_PER_TOKEN),
+                source,
+                "char_cnn.max_characters_per_token",
+                low=3,
+                why=" (begin and end of word and at least one byte)",
+            ),
         )
         if max(w for w, _ in filters) > char_cnn.max_characters_per_token:
             raise OptionsError(
                 f"{source}: a filter is wider ({max(w for w, _ in filters)}) than "
                 f"max_characters_per_token ({char_cnn.max_characters_per_token})"
             )
+        skip = lstm.get("use_skip_connections", False)
+        if not isinstance(skip, bool):
+            raise OptionsError(
+                f"{source}: lstm.use_skip_connections must be true or false, got {_shown(skip)}"
+            )
         lstm_options = LstmOptions(
-            dim=int(_field(lstm, "dim", source, "lstm")),
-            projection_dim=int(_field(lstm, "projection_dim", source, "lstm")),
-            n_layers=int(_field(lstm, "n_layers", source, "lstm")),
-            cell_clip=_optional_float(lstm.get("cell_clip")),
-            proj_clip=_optional_float(lstm.get("proj_clip")),
-            use_skip_connections=bool(lstm.get("use_skip_connections", False)),
+            dim=_integer(_field(lstm, "dim", source, "lstm"), source, "lstm.dim"),
+            projection_dim=_integer(
+                _field(lstm, "projection_dim", source, "lstm"), source, "lstm.projection_dim"
+            ),
+            n_layers=_integer(_field(lstm, "n_layers", source, "lstm"), source, "lstm.n_layers"),
+            cell_clip=_clip(lstm.get("cell_clip"), source, "lstm.cell_clip"),
+            proj_clip=_clip(lstm.get("proj_clip"), source, "lstm.proj_clip"),
+            use_skip_connections=skip,
         )
         if lstm_options.projection_dim > lstm_options.dim:
             raise OptionsError(
@@ -171,8 +194,51 @@ def _field(section: dict[str, Any], name: str, source: str, where: str) -> Any:
     return section[name]
 
 
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _shown(value: Any) -> str:
+    """A value as options.json spells it (null, true, "text", 1.5)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _integer(value: Any, source: str, name: str, low: int = 1, why: str = "") -> int:
+    """An integer field of at least ``low`` (an integral float such as 16.0 is accepted)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise OptionsError(f"{source}: {name} must be an integer of at least {low}{why}, got {_shown(value)}")
+    return value
+
+
+def _clip(value: Any, source: str, name: str) -> float | None:
+    """A clip: absent or null (no clipping), or a positive finite number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise OptionsError(
+            f"{source}: {name} must be a positive number (or absent for no clipping), got {_shown(value)}"
+        )
+    return float(value)
+
+
+def _filters(value: Any, source: str) -> tuple[tuple[int, int], ...]:
+    """char_cnn.filters: a non-empty list of [width, n_filters] pairs of positive integers."""
+    problem = (
+        f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] pairs of "
+        f"positive integers, got {_shown(value)}"
+    )
+    if not isinstance(value, list) or not value:
+        raise OptionsError(problem)
+    filters = []
+    for pair in value:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise OptionsError(problem)
+        try:
+            filters.append(tuple(_integer(v, source, "char_cnn.filters") for v in pair))
+        except OptionsError:
+            raise OptionsError(problem) from None
+    return tuple(filters)
 
 
 ORIGINAL_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]

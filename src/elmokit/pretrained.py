@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PACKAGE_DIR = Path(__file__).resolve().parent  # the installed package
 MODELS_DIR = Path(__file__).parent / "models"
 TINY_REFERENCE = "elmo-tiny-reference"  # the original's test model: checks only
 NEWS_MODEL = "elmo-news-512"  # trained by elmokit on English news, see its README.md
@@ -29,3 +30,15 @@ def model_files(name_or_dir: str | Path) -> tuple[Path, Path]:
         if not path.is_file():
             raise FileNotFoundError(f"model folder {folder} has no {path.name}")
     return options, weights
+
+
+def refuse_package_path(path: str | Path, what: str = "output") -> Path:
+    """``path`` (resolved), unless it is inside the installed package (its shipped models
+    among others), which elmokit never writes: a ValueError then says so."""
+    resolved = Path(path).resolve()
+    if resolved == PACKAGE_DIR or PACKAGE_DIR in resolved.parents:
+        raise ValueError(
+            f"{what} {path} is inside the installed elmokit package ({PACKAGE_DIR}), which elmokit "
+            "does not change; give a folder of your own"
+        )
+    return resolved

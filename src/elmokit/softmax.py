@@ -295,14 +295,27 @@ def _sampled_loss_from_rows(
 
 
 def full_softmax_loss(
-    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row cross entropy over all V classes: hidden (N, D), targets (N,) -> (N,).
 
-    Rows are processed in chunks so that no more than ~32M logits exist at a time.
-    """
+    Rows are processed in chunks so that no more than ~32M logits exist at a time. ``scratch``
+    (2, rows, V), for use without autograd (evaluation), holds the logits and their log-softmax
+    of ``rows`` rows at a time: the same values, without two fresh (rows, V) buffers per chunk,
+    which the kernel maps page by page each time (a page fault per 4 KB)."""
     _check_targets(targets, weight.shape[0])
     _check_hidden(hidden, targets, weight)
+    if scratch is not None:
+        losses = []
+        for h, t in zip(hidden.split(scratch.shape[1]), targets.split(scratch.shape[1])):
+            logits = torch.addmm(bias, h, weight.t(), out=scratch[0, : len(h)])
+            log_p = torch.log_softmax(logits, dim=1, out=scratch[1, : len(h)])
+            losses.append(-log_p.gather(1, t.unsqueeze(1)).squeeze(1))
+        return torch.cat(losses) if losses else hidden.new_zeros(0)
     rows = max(1, _MAX_FULL_LOGITS // weight.shape[0])
     losses = [
         F.cross_entropy(F.linear(h, weight, bias), t, reduction="none")
@@ -344,9 +357,12 @@ class Softmax(nn.Module):
         """Unnormalised scores over the vocabulary: (..., dim) -> (..., V)."""
         return F.linear(hidden, self.weight, self.bias)
 
-    def full_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Full softmax cross entropy: hidden (N, dim), targets (N,) -> (N,)."""
-        return full_softmax_loss(hidden, targets, self.weight, self.bias)
+    def full_loss(
+        self, hidden: torch.Tensor, targets: torch.Tensor, scratch: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Full softmax cross entropy: hidden (N, dim), targets (N,) -> (N,); ``scratch``
+        (2, rows, vocab_size) reuses buffers without autograd (``full_softmax_loss``)."""
+        return full_softmax_loss(hidden, targets, self.weight, self.bias, scratch)
 
     def sampled_loss(
         self,

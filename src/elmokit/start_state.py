@@ -14,10 +14,12 @@ training step, and may respond to it badly.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from .bilm import BiLM
 from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
@@ -59,10 +61,18 @@ def _start(lm: LanguageModel, rows: int, start: LstmState | None) -> LstmState:
 
 @torch.no_grad()
 def boundary_states(
-    bilm: BiLM, sentences: Sequence[Sequence[str]], rows: int = 32, burn_in: int = 2
+    bilm: BiLM,
+    sentences: Sequence[Sequence[str]],
+    rows: int = 32,
+    burn_in: int = 2,
+    progress: bool = False,
 ) -> LstmState:
     """States before each sentence's first input, in running text: h (n, n_layers, 2, proj),
-    c (n, n_layers, 2, dim), n = number of recorded boundaries."""
+    c (n, n_layers, 2, dim), n = number of recorded boundaries. ``progress`` shows a bar."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows (parallel streams) must be an integer of at least 1, got {rows!r}")
+    if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
+        raise ValueError(f"burn_in must be an integer of at least 0, got {burn_in!r}")
     lm = LanguageModel(bilm, dropout=0.0).eval()
     sentences = [s for s in sentences if len(s) > 0]
     per_row = len(sentences) // rows
@@ -73,6 +83,7 @@ def boundary_states(
         )
     state = _start(lm, rows, None)
     hs, cs = [], []
+    bar = tqdm(total=per_row * rows, unit="sent", disable=not progress, desc="start state", file=sys.stderr)
     for k in range(per_row):
         batch = [sentences[r * per_row + k] for r in range(rows)]
         if k >= burn_in:
@@ -82,14 +93,20 @@ def boundary_states(
         # token, since the model never saw a boundary token read from zero states in training.
         ids, lengths = _stream_inputs(lm, batch, boundary=k > 0)
         _, state = lm.hidden_states(ids, state, lengths)
+        bar.update(rows)
+    bar.close()
     return LstmState(torch.cat(hs), torch.cat(cs))
 
 
 def estimate_start_state(
-    bilm: BiLM, sentences: Sequence[Sequence[str]], rows: int = 32, burn_in: int = 2
+    bilm: BiLM,
+    sentences: Sequence[Sequence[str]],
+    rows: int = 32,
+    burn_in: int = 2,
+    progress: bool = False,
 ) -> LstmState:
     """The mean boundary state: h (n_layers, 2, projection_dim), c (n_layers, 2, dim)."""
-    states = boundary_states(bilm, sentences, rows=rows, burn_in=burn_in)
+    states = boundary_states(bilm, sentences, rows=rows, burn_in=burn_in, progress=progress)
     return LstmState(states.h.mean(0), states.c.mean(0))
 
 
@@ -100,6 +117,7 @@ def sentence_losses(
     sentences: Sequence[Sequence[str]],
     start: LstmState | None,
     batch_size: int = 64,
+    progress: bool = False,
 ) -> tuple[float, float, int]:
     """Mean forward and backward loss of each sentence on its own (full softmax), every sentence
     starting from ``start`` (None = zeros): forward reads [<S>, w1..wn] and predicts
@@ -109,6 +127,7 @@ def sentence_losses(
     device = next(lm.parameters()).device
     sentences = [s for s in sentences if len(s) > 0]
     totals, count = torch.zeros(2, dtype=torch.float64), 0
+    bar = tqdm(total=len(sentences), unit="sent", disable=not progress, file=sys.stderr)
     for i in range(0, len(sentences), batch_size):
         batch = sentences[i : i + batch_size]
         ids, lengths = _stream_inputs(lm, batch)
@@ -123,4 +142,6 @@ def sentence_losses(
         losses = lm.position_losses(hidden, targets.to(device))  # (2, rows, steps)
         totals += losses[:, mask].double().sum(1).cpu()
         count += int(mask.sum())
+        bar.update(len(batch))
+    bar.close()
     return float(totals[0] / count), float(totals[1] / count), count

@@ -15,11 +15,14 @@ configuration and processes in launch.py.
 from __future__ import annotations
 
 import csv
+import errno
 import math
 import os
+import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,29 +37,49 @@ from .atomic import atomic_path
 from .checkpoints import (
     BEST_POINTER,
     CHECKPOINT_POINTER,
+    VOCAB_FILE,
     best_checkpoint,
     checkpoint_folder,
     checkpoint_name,
     keep_if_best,
     latest_checkpoint,
     load_checkpoint_file,
-    point_latest,
+    partial_folder,
+    publish_checkpoint,
+    remove_leftovers,
     rng_state,
     save_checkpoint_file,
     set_rng_state,
     training_summary,
 )
-from .data import BidirectionalLMBatches, Vocabulary, corpus_files, count_tokens
+from .data import (
+    HELDOUT_BATCH_SIZE,
+    BidirectionalLMBatches,
+    Vocabulary,
+    corpus_files,
+    count_tokens,
+    heldout_batches,
+)
 from .evaluate import PERPLEXITY_PROTOCOL, Perplexity, evaluate_perplexity
 from .export import export_model, load_language_model
 from .language_model import LanguageModel, batch_tensors
-from .launch import TrainConfig, TrainingError, initialize_from, launch, prepare_run, save_config
+from .launch import (
+    TrainConfig,
+    TrainingError,
+    initialize_from,
+    launch,
+    prepare_run,
+    resume_config,
+    save_config,
+)
 from .lstm import LstmState
 from .options import BiLMOptions
 from .weights import SOFTMAX_FILE, load_softmax, save_softmax
 
 __all__ = [
     "Distributed",
+    "Interrupted",
+    "Outcome",
     "RunState",
     "StopRequest",
     "TrainConfig",
@@ -84,6 +107,7 @@ __all__ = [
     "load_language_model",
     "load_softmax",
     "prepare_run",
+    "resume_config",
     "save_config",
     "save_softmax",
     "training_summary",
@@ -112,16 +136,29 @@ class Distributed:
 
     def any(self, flag: bool) -> bool:
         """True on every process when ``flag`` is true on any of them."""
+        return self.max(float(flag))[0] > 0
+
+    def max(self, *values: float) -> list[float]:
+        """Each value's maximum over the processes (one collective for all of them)."""
         if not self.active:
-            return flag
-        value = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor.tolist()
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped at once by a second SIGINT/SIGTERM: the steps since its last checkpoint are
+    lost (that checkpoint is kept)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class StopRequest:
     """Turns SIGINT/SIGTERM into a request to stop after the current step (a second signal
-    interrupts at once), so an interrupted run ends with a checkpoint like a finished one.
+    interrupts at once with ``Interrupted``), so an interrupted run ends with a checkpoint.
 
     A repeat within ``REPEAT_SECONDS`` is the same request: a process of a multi-process run may
     get one Ctrl-C both from the terminal and from its launcher, which passes it on."""
@@ -130,18 +167,25 @@ class StopRequest:
     REPEAT_SECONDS = 1.0
 
     def __init__(self) -> None:
-        self.requested = False
+        self.signum = 0  # the signal that requested the stop (0: none)
         self._since = 0.0
         self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum != 0
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
             if time.monotonic() - self._since >= self.REPEAT_SECONDS:
-                raise KeyboardInterrupt
+                raise Interrupted(signum)
             return
-        self.requested, self._since = True, time.monotonic()
-        print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
-              "(send it again to stop at once)", flush=True)
+        self.signum, self._since = signum, time.monotonic()
+        print(
+            f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
+            "(send it again to stop at once)",
+            flush=True,
+        )
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -182,11 +226,34 @@ class RunState:
     seconds: float = 0.0
 
 
+@dataclass
+class Outcome:
+    """How a training session ended: the run's state, and the limit that ended it (e.g.
+    "--max-steps 6") or the signal that stopped it early."""
+
+    run: RunState
+    ended_by: str
+    signal: int | None = None  # set when a signal stopped the run before its limits
+
+    @property
+    def finished(self) -> bool:
+        """False when a signal stopped the run early (it can be resumed)."""
+        return self.signal is None
+
+
 class Trainer:
     """One process's share of a training run."""
 
-    def __init__(self, config: TrainConfig, data: Any, vocab_size: int, env: Distributed):
+    def __init__(
+        self,
+        config: TrainConfig,
+        data: Any,
+        vocab_size: int,
+        env: Distributed,
+        vocab: Vocabulary | None = None,
+    ):
         self.config, self.data, self.env = config, data, env
+        self.vocab = vocab  # for held-out evaluation (read from config.vocab when None)
         self.save_dir = Path(config.save_dir)
         torch.manual_seed(config.seed)
         self.model = LanguageModel(config.options, vocab_size, config.dropout).to(env.device)
@@ -207,6 +274,7 @@ class Trainer:
         self.lstm_state: LstmState | None = None
         self.grad_norm = 0.0  # the last step's global gradient norm before clipping
         self.run = RunState()
+        self.saved_step: int | None = None  # the step of the last checkpoint written or loaded
         self.num_sampled: int | None = (
             config.n_negative_samples if vocab_size > config.n_negative_samples else None
         )
@@ -230,9 +298,13 @@ class Trainer:
         if self.env.active:
             dist.all_reduce(check)
         if not torch.isfinite(check):
+            kept = (
+                f"its last checkpoint, step {self.saved_step}, is kept in {self.save_dir}"
+                if self.saved_step is not None
+                else "it had not written a checkpoint yet"
+            )
             raise TrainingError(
-                f"non-finite loss ({float(check)}) at step {self.run.step + 1}; the last good "
-                f"checkpoint in {self.save_dir} is kept"
+                f"non-finite loss ({float(check)}) at step {self.run.step + 1}; the run stopped; {kept}"
             )
         self.optimizer.zero_grad(set_to_none=True)
         (loss * self.config.unroll_steps).backward()
@@ -261,7 +333,7 @@ class Trainer:
         """Full-softmax perplexity of ``config.heldout`` (main process), appended to heldout.csv."""
         result = None
         if self.config.heldout and self.env.is_main:
-            vocab = Vocabulary.from_file(self.config.vocab)
+            vocab = self.vocab or Vocabulary.from_file(self.config.vocab)
             start = time.monotonic()
             result = evaluate_perplexity(self.model, vocab, self.config.heldout, device=self.env.device)
             path = self.save_dir / "heldout.csv"
@@ -299,37 +371,72 @@ class Trainer:
         self.env.barrier()
 
     def save_checkpoint(self) -> Path:
-        """Write all processes' state into a new folder, then point ``latest`` at it; the
-        previous latest is deleted unless it is the best so far."""
-        folder = self.save_dir / checkpoint_name(self.run.step)
-        if self.env.is_main:
-            folder.mkdir(parents=True, exist_ok=True)
-        self.env.barrier()
-        rank_state = {
-            "data": self.data.state_dict(),
-            "lstm_state": None if self.lstm_state is None else tuple(self.lstm_state),
-            "rng": rng_state(),
-            "generator": self.generator.get_state(),
-        }
-        save_checkpoint_file(rank_state, folder / f"rank{self.env.rank}.pt")
-        if self.env.is_main:
-            save_checkpoint_file(
-                {
+        """Write all processes' state into a partial folder, rename it to the checkpoint's name
+        and point ``latest`` at it; the previous latest is deleted unless it is the best so far.
+        A failed write (a full disk, ...) removes the partial folder and raises TrainingError:
+        the previous checkpoint stays the latest."""
+        partial = partial_folder(self.save_dir, self.run.step)
+
+        def make_folder() -> None:
+            if self.env.is_main:
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir()
+
+        def write_files() -> None:
+            rank_state = {
+                "data": self.data.state_dict(),
+                "lstm_state": None if self.lstm_state is None else tuple(self.lstm_state),
+                "rng": rng_state(),
+                "generator": self.generator.get_state(),
+            }
+            save_checkpoint_file(rank_state, partial / f"rank{self.env.rank}.pt")
+            if self.env.is_main:
+                shared = {
                     "model": self.model.state_dict(),
                     "optimizer": self.optimizer.state_dict(),
                     "run": asdict(self.run),
                     "world_size": self.env.world_size,
-                },
-                folder / "model.pt",
-            )
-        self.env.barrier()
+                }
+                save_checkpoint_file(shared, partial / "model.pt")
+
+        def publish() -> None:
+            if self.env.is_main:
+                publish_checkpoint(self.save_dir, partial, self.run.step)
+
+        for action in (make_folder, write_files, publish):
+            self._on_every_process(action, partial)
+        self.saved_step = self.run.step
+        return self.save_dir / checkpoint_name(self.run.step)
+
+    def _on_every_process(self, action: Callable[[], None], partial: Path) -> None:
+        """Run one part of writing a checkpoint on every process; when it fails on any of them,
+        every process raises TrainingError (after the main one deleted ``partial``)."""
+        error: BaseException | None = None
+        try:
+            action()
+        except (OSError, RuntimeError) as err:
+            error = err
+        if not self.env.any(error is not None):
+            return
         if self.env.is_main:
-            point_latest(self.save_dir, folder)
-        return folder
+            shutil.rmtree(partial, ignore_errors=True)
+        previous = (
+            f"the previous checkpoint (step {self.saved_step}) is still the latest"
+            if self.saved_step is not None
+            else "no earlier checkpoint exists"
+        )
+        raise TrainingError(
+            f"writing the checkpoint of step {self.run.step} in {self.save_dir} failed: "
+            f"{_write_failure(error, self.save_dir)}; {previous}"
+        ) from None
 
     def load_checkpoint(self, folder: Path) -> None:
         """Continue exactly where ``folder`` stopped."""
-        shared = load_checkpoint_file(folder / "model.pt", self.env.device)
+        try:
+            shared = load_checkpoint_file(folder / "model.pt", self.env.device)
+            mine = load_checkpoint_file(folder / f"rank{self.env.rank}.pt")
+        except (OSError, RuntimeError) as err:
+            raise TrainingError(f"cannot read the checkpoint {folder}: {err}") from None
         if shared["world_size"] != self.env.world_size:
             raise TrainingError(
                 f"{folder} was written by {shared['world_size']} processes; resume with as many "
@@ -341,12 +448,26 @@ class Trainer:
         for group, flag in zip(self.optimizer.param_groups, fused):  # this device's choice
             group["fused"] = flag
         self.run = RunState(**shared["run"])
-        mine = load_checkpoint_file(folder / f"rank{self.env.rank}.pt")
         self.data.load_state_dict(mine["data"])
         if mine["lstm_state"] is not None:
             self.lstm_state = LstmState(*(t.to(self.env.device) for t in mine["lstm_state"]))
         set_rng_state(mine["rng"])
         self.generator.set_state(mine["generator"])
+        self.saved_step = self.run.step
+
+
+def _write_failure(error: BaseException | None, folder: Path) -> str:
+    """What went wrong writing into ``folder``, in words (a full disk said so)."""
+    if error is None:
+        return "another process could not write its part"
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if getattr(error, "errno", None) == errno.ENOSPC or free == 0:
+        return "the disk is full (no space left on device)"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 def run_training(
@@ -354,11 +475,18 @@ def run_training(
     max_steps: int | None,
     max_time: float | None,
     progress: bool = True,
-) -> RunState:
+    step_limit: str | None = None,
+) -> Outcome:
     """Train until ``max_steps`` (total, counting resumed steps) or ``max_time`` seconds of this
-    session, checkpointing every ``checkpoint_minutes`` and at the end."""
+    session, checkpointing every ``checkpoint_minutes`` and at the end (unless the last step has
+    its checkpoint already). ``step_limit`` names the step limit in the outcome (default
+    "--max-steps N"). metrics.csv and heldout.csv lose any rows past the step the run starts
+    from (steps a crash made the run repeat)."""
     env = trainer.env
-    metrics = _MetricsLog(trainer.save_dir / "metrics.csv") if env.is_main else None
+    metrics = None
+    if env.is_main:
+        metrics = _MetricsLog(trainer.save_dir / "metrics.csv", after=trainer.run.step)
+        truncate_log(trainer.save_dir / "heldout.csv", trainer.run.step)
     bar = tqdm(
         total=max_steps,
         initial=trainer.run.step,
@@ -368,11 +496,18 @@ def run_training(
     )
     with StopRequest() as stop:  # also through the last checkpoint: a stop request waits for it
         try:
-            _loop(trainer, metrics, bar, max_steps, max_time, stop)
+            reason = _loop(trainer, metrics, bar, max_steps, max_time, stop)
         finally:
             bar.close()
-        trainer.checkpoint_and_evaluate()
-    return trainer.run
+        if trainer.run.step != trainer.saved_step:
+            trainer.checkpoint_and_evaluate()
+    if reason == "signal":
+        return Outcome(trainer.run, signal.Signals(stop.signum).name, signal=stop.signum)
+    if reason == "time":
+        return Outcome(trainer.run, f"--max-time {max_time:g} s")
+    if reason == "steps":
+        return Outcome(trainer.run, step_limit or f"--max-steps {max_steps}")
+    return Outcome(trainer.run, "the end of the data")
 
 
 def _loop(
@@ -382,17 +517,20 @@ def _loop(
     max_steps: int | None,
     max_time: float | None,
     stop: StopRequest,
-) -> None:
-    """Steps until the data, ``max_steps`` or ``max_time`` ends or a stop is requested."""
+) -> str:
+    """Steps until ``max_steps`` ("steps"), ``max_time`` ("time") or the data ("data") ends or
+    a signal asks to stop ("signal"); returns which."""
     config, env = trainer.config, trainer.env
     start = last_checkpoint = time.monotonic()
     window_tokens, window_start = 0, time.monotonic()
     base_seconds = trainer.run.seconds
     batches = iter(trainer.data)
-    while max_steps is None or trainer.run.step < max_steps:
+    while True:
+        if max_steps is not None and trainer.run.step >= max_steps:
+            return "steps"
         batch = next(batches, None)
         if batch is None:
-            break
+            return "data"
         fwd, bwd = trainer.step(batch)
         window_tokens += batch["token_ids"].size * env.world_size
         trainer.run.seconds = base_seconds + time.monotonic() - start
@@ -401,10 +539,19 @@ def _loop(
             window_tokens, window_start = 0, time.monotonic()
             _report(bar, metrics, trainer.run, fwd, bwd, rate, trainer.grad_norm)
         bar.update(1)
-        out_of_time = max_time is not None and time.monotonic() - start >= max_time
-        if env.any(out_of_time or stop.requested):  # every process stops at the same step
-            break
-        if env.any(time.monotonic() - last_checkpoint >= config.checkpoint_minutes * 60):
+        now = time.monotonic()
+        # one collective a step: every process stops (or checkpoints) at the same step
+        signum, out_of_time, due = env.max(
+            float(stop.signum),
+            float(max_time is not None and now - start >= max_time),
+            float(now - last_checkpoint >= config.checkpoint_minutes * 60),
+        )
+        if signum:
+            stop.signum = int(signum)  # the same on every process
+            return "signal"
+        if out_of_time:
+            return "time"
+        if due:
             trainer.checkpoint_and_evaluate()
             last_checkpoint = time.monotonic()
 
@@ -427,7 +574,7 @@ def _report(bar, metrics, run: RunState, fwd: float, bwd: float, rate: float, gr
 
 class _MetricsLog:
     """Append rows to metrics.csv (header written once; a file from an older version without
-    some columns gets them, empty in its old rows)."""
+    some columns gets them, empty in its old rows). ``after``: drop the rows of later steps."""
 
     FIELDS = [
         "step",
@@ -440,23 +587,46 @@ class _MetricsLog:
         "grad_norm",  # global gradient norm before clipping (of the logged step)
     ]
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, after: int | None = None) -> None:
         self.path = path
-        if not path.exists():
-            with path.open("w", newline="") as f:
-                csv.writer(f).writerow(self.FIELDS)
-            return
-        with path.open(newline="") as f:
-            rows = list(csv.reader(f))
-        if rows and rows[0] != self.FIELDS:
+        rows = _read_csv(path) if path.exists() else []
+        lines = [self.FIELDS]
+        if rows:
             old = rows[0]
-            lines = [self.FIELDS] + [[dict(zip(old, r)).get(k, "") for k in self.FIELDS] for r in rows[1:]]
-            with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
-                csv.writer(f).writerows(lines)
+            lines += [[dict(zip(old, r)).get(k, "") for k in self.FIELDS] for r in rows[1:]]
+        if after is not None:
+            lines = _up_to(lines, after)
+        if lines != rows:
+            _write_csv(path, lines)
 
     def write(self, **row: Any) -> None:
         with self.path.open("a", newline="") as f:
             csv.writer(f).writerow([row[k] for k in self.FIELDS])
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Drop the rows of a CSV log (header, then rows whose first column is a step) after
+    ``step``, atomically, so that the steps a resumed run repeats are logged once."""
+    if path.exists():
+        rows = _read_csv(path)
+        kept = _up_to(rows, step)
+        if kept != rows:
+            _write_csv(path, kept)
+
+
+def _up_to(rows: list[list[str]], step: int) -> list[list[str]]:
+    """The header and the rows of steps up to ``step`` (a row without a step number is kept)."""
+    return rows[:1] + [r for r in rows[1:] if not (r and r[0].isdigit() and int(r[0]) > step)]
+
+
+def _read_csv(path: Path) -> list[list[str]]:
+    with path.open(newline="") as f:
+        return list(csv.reader(f))
+
+
+def _write_csv(path: Path, rows: list[list[str]]) -> None:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
 
 
 def total_steps(config: TrainConfig, n_train_tokens: int, world_size: int) -> int | None:
@@ -469,21 +639,49 @@ def total_steps(config: TrainConfig, n_train_tokens: int, world_size: int) -> in
     return steps
 
 
-def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> RunState:
-    """Run (or resume) training in this process; every DDP process calls this."""
-    env = setup_distributed(config.device)
+def check_heldout(pattern: str, vocab: Vocabulary, max_chars: int) -> None:
+    """Raise TrainingError now, not at the first checkpoint, when the held-out text cannot be
+    evaluated: no files match, they hold no text, or less than bilm-tf's protocol needs."""
+    try:
+        first = next(heldout_batches(pattern, vocab, max_characters_per_token=max_chars), None)
+    except (OSError, ValueError) as err:
+        raise TrainingError(f"--heldout {pattern}: {err}") from None
+    if first is None:
+        raise TrainingError(
+            f"--heldout {pattern}: too little text for bilm-tf's evaluation protocol, which needs "
+            f"at least {HELDOUT_BATCH_SIZE} sentences (one batch of {HELDOUT_BATCH_SIZE} streams)"
+        )
+
+
+def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> Outcome:
+    """Run (or resume) training in this process; every DDP process calls this. On resume, the
+    save dir's stored configuration with the changes ``config`` may make (``resume_config``);
+    a save dir without a checkpoint starts from step 0. Returns how the session ended."""
     config = prepare_run(config, resume)
+    env = setup_distributed(config.device)
     save_dir = Path(config.save_dir)
-    vocab = Vocabulary.from_file(config.vocab)
+    if env.is_main:
+        removed = remove_leftovers(save_dir)
+        if removed:
+            print(f"removed what an interrupted run left in {save_dir}: {', '.join(removed)}")
+    own_vocab = save_dir / VOCAB_FILE
+    if resume and own_vocab.is_file():
+        vocab = Vocabulary.from_file(own_vocab)
+    elif config.vocab is None:
+        raise TrainingError(f"{save_dir} has no {VOCAB_FILE} and its configuration names none: pass --vocab")
+    else:
+        vocab = Vocabulary.from_file(config.vocab)
     files = corpus_files(config.train)
     if config.n_train_tokens is None or (config.n_negative_samples < len(vocab) and not resume):
         counts = count_tokens(files)
         if not counts:
             raise TrainingError(f"empty corpus: {config.train} holds no tokens")
         config.n_train_tokens = sum(counts.values())
-        if config.n_negative_samples < len(vocab):
+        if config.n_negative_samples < len(vocab) and not resume:
             vocab.check_sorted_by_frequency(counts)
     max_chars = BiLMOptions.from_dict(config.options).char_cnn.max_characters_per_token
+    if config.heldout:
+        check_heldout(config.heldout, vocab, max_chars)
     data = BidirectionalLMBatches(
         files,
         vocab,
@@ -494,18 +692,24 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> R
         world_size=env.world_size,
         max_characters_per_token=max_chars,
     )
-    trainer = Trainer(config, data, len(vocab), env)
-    if resume:
-        trainer.load_checkpoint(latest_checkpoint(save_dir))
+    trainer = Trainer(config, data, len(vocab), env, vocab=vocab)
+    latest = latest_checkpoint(save_dir) if resume else None
+    if latest is not None:
+        trainer.load_checkpoint(latest)
     else:
+        if resume and env.is_main:
+            print(f"{save_dir} has no checkpoint (its run stopped before the first): starting at step 0")
         if config.init_from:
             shared = initialize_from(trainer.model, config.init_from, vocab)
             if env.is_main:
                 print(f"initialized from {config.init_from}: {shared}/{len(vocab)} softmax rows copied")
-        if env.is_main:
-            save_dir.mkdir(parents=True, exist_ok=True)
-            vocab.save(save_dir / "vocab.txt")
-            save_config(config)
-        env.barrier()
+    if env.is_main:  # every check passed: the save dir is made and written from here on
+        save_dir.mkdir(parents=True, exist_ok=True)
+        if latest is None:
+            vocab.save(own_vocab)
+        save_config(config)  # with the changes of this session
+    env.barrier()
     steps = total_steps(config, config.n_train_tokens, env.world_size)
-    return run_training(trainer, steps, config.max_time, progress=progress)
+    by_epochs = steps is not None and config.epochs is not None and steps != config.max_steps
+    limit = f"--epochs {config.epochs:g} ({steps:,} steps)" if by_epochs else None
+    return run_training(trainer, steps, config.max_time, progress=progress, step_limit=limit)

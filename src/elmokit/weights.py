@@ -11,7 +11,9 @@ kernel ``W_0`` is [input; h] stacked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,13 @@ START_STATE_DATASETS = ("start_state/h", "start_state/c")
 
 
 class WeightFileError(ValueError):
-    """A weight file that does not match the model described by options.json."""
+    """A weight file that does not match the model described by options.json, or that cannot be
+    read (damaged, not HDF5, non-finite values)."""
+
+
+class UnsafeHDF5Error(WeightFileError):
+    """An HDF5 file that would make its reader open other files (external links, external
+    storage, virtual datasets) or that holds links elmokit does not follow (soft links)."""
 
 
 @dataclass(frozen=True)
@@ -127,34 +135,114 @@ def _model_tensors(params: Mapping[str, torch.Tensor], entry: _Dataset) -> list[
     return tensors if entry.direction is None else [t[entry.direction] for t in tensors]
 
 
-def _open(path: Path) -> h5py.File:
+def open_hdf5(path: str | Path, what: str = "weight file") -> h5py.File:
+    """Open an HDF5 file for reading: every HDF5 file elmokit reads is opened here.
+
+    A weight file is data from anywhere, so it must not make its reader open other files: an
+    external link, a dataset with external storage (raw data in other files) or a virtual
+    dataset (a view of other files' datasets) raises ``UnsafeHDF5Error`` naming it, before any
+    data is read; so does a soft link (bilm-tf and elmokit write none). A file that is not HDF5
+    or is damaged raises ``WeightFileError`` naming the file."""
+    path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"weight file not found: {path}")
+        raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        return h5py.File(path, "r")
+        handle = h5py.File(path, "r")
     except OSError as err:
         raise WeightFileError(f"{path}: not a readable HDF5 file ({err})") from None
+    try:
+        with _damage_reported(path):
+            _refuse_other_files(handle, path, set())
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _refuse_other_files(group: h5py.Group, path: Path, seen: set) -> None:
+    """Check every link and dataset under ``group`` (each group once; hard links may loop)."""
+    for name in group:
+        where = f"{group.name.rstrip('/')}/{name}"
+        link = group.get(name, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            raise UnsafeHDF5Error(
+                f"{path}: {where!r} is an external link to {link.filename}:{link.path}; elmokit "
+                "does not read other files through a weight file"
+            )
+        if isinstance(link, h5py.SoftLink):
+            raise UnsafeHDF5Error(
+                f"{path}: {where!r} is a soft link to {link.path}; elmokit reads only objects "
+                "stored under their own names"
+            )
+        if not isinstance(link, h5py.HardLink):
+            raise UnsafeHDF5Error(f"{path}: {where!r} is a link of a kind elmokit does not follow")
+        item = group[name]
+        if isinstance(item, h5py.Dataset):
+            if item.is_virtual:
+                raise UnsafeHDF5Error(
+                    f"{path}: dataset {where!r} is a virtual dataset (its data lives in other "
+                    "files); elmokit does not read it"
+                )
+            if item.external:
+                files = ", ".join(sorted({str(f) for f, _, _ in item.external}))
+                raise UnsafeHDF5Error(
+                    f"{path}: dataset {where!r} keeps its data in other files ({files}); elmokit "
+                    "does not read external storage"
+                )
+        elif isinstance(item, h5py.Group) and item.id not in seen:
+            seen.add(item.id)
+            _refuse_other_files(item, path, seen)
+
+
+@contextmanager
+def _damage_reported(path: Path) -> Iterator[None]:
+    """Errors from HDF5 while reading ``path`` become a WeightFileError naming the file."""
+    try:
+        yield
+    except WeightFileError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError) as err:
+        raise WeightFileError(f"{path}: damaged HDF5 file, it cannot be read ({err})") from None
+
+
+def _read_array(
+    handle: h5py.File, path: Path, name: str, expected: tuple[int, ...], implied_by: str
+) -> np.ndarray:
+    """Dataset ``name`` as float32 numpy, checked: present, a dataset of numbers, of shape
+    ``expected``, every value finite."""
+    if name not in handle:
+        raise WeightFileError(
+            f"{path}: missing dataset {name!r} (shape {expected} expected from {implied_by})"
+        )
+    dataset = handle[name]
+    if not isinstance(dataset, h5py.Dataset):
+        raise WeightFileError(f"{path}: {name!r} is a group, not a dataset")
+    if dataset.dtype.kind not in "fiu":
+        raise WeightFileError(f"{path}: dataset {name!r} holds {dataset.dtype} values, not numbers")
+    found = tuple(dataset.shape)
+    if found != expected:
+        raise WeightFileError(f"{path}: dataset {name!r} has shape {found} but {implied_by} imply {expected}")
+    with np.errstate(over="ignore"):  # a float64 too large for float32 becomes inf: refused below
+        value = np.asarray(dataset[...], dtype=np.float32)
+    finite = np.isfinite(value)
+    if not finite.all():
+        raise WeightFileError(
+            f"{path}: dataset {name!r} holds {int(finite.size - finite.sum()):,} non-finite values "
+            "(NaN or infinity, or too large for float32)"
+        )
+    return value
 
 
 def _read(
     handle: h5py.File, path: Path, module: nn.Module, table: Sequence[_Dataset], implied_by: str
 ) -> None:
-    """Copy every dataset of ``table`` into ``module``, checking names and shapes."""
+    """Copy every dataset of ``table`` into ``module``, checking names, shapes and values."""
     params = _parameters(module, table)
-    with torch.no_grad():
+    with torch.no_grad(), _damage_reported(path):
         for entry in table:
             tensors = _model_tensors(params, entry)
             expected = tuple(entry.transform.to_file(tensors).shape)
-            if entry.name not in handle:
-                raise WeightFileError(
-                    f"{path}: missing dataset {entry.name!r} (shape {expected} expected from {implied_by})"
-                )
-            found = tuple(handle[entry.name].shape)
-            if found != expected:
-                raise WeightFileError(
-                    f"{path}: dataset {entry.name!r} has shape {found} but {implied_by} imply {expected}"
-                )
-            value = torch.from_numpy(np.asarray(handle[entry.name][...], dtype=np.float32))
+            value = torch.from_numpy(_read_array(handle, path, entry.name, expected, implied_by))
             for tensor, part in zip(tensors, entry.transform.from_file(value, tensors)):
                 tensor.copy_(part)
 
@@ -168,18 +256,23 @@ def _write(handle: h5py.File, module: nn.Module, table: Sequence[_Dataset]) -> N
 
 
 def _read_start_state(options: BiLMOptions, handle: h5py.File, path: Path) -> LstmState | None:
-    if not all(name in handle for name in START_STATE_DATASETS):
+    """The start state (both datasets, checked), or None when the file has neither."""
+    present = [name in handle for name in START_STATE_DATASETS]
+    if not any(present):
         return None
+    if not all(present):
+        have, lack = START_STATE_DATASETS if present[0] else START_STATE_DATASETS[::-1]
+        raise WeightFileError(
+            f"{path}: has dataset {have!r} but not {lack!r}; a start state needs both (elmokit "
+            "start-state writes them)"
+        )
     lstm = options.lstm
     expected = [(lstm.n_layers, 2, lstm.projection_dim), (lstm.n_layers, 2, lstm.dim)]
-    values = []
-    for name, shape in zip(START_STATE_DATASETS, expected):
-        if tuple(handle[name].shape) != shape:
-            raise WeightFileError(
-                f"{path}: dataset {name!r} has shape {tuple(handle[name].shape)} but the options "
-                f"imply {shape}"
-            )
-        values.append(torch.from_numpy(np.asarray(handle[name][...], dtype=np.float32)))
+    with _damage_reported(path):
+        values = [
+            torch.from_numpy(_read_array(handle, path, name, shape, "the options"))
+            for name, shape in zip(START_STATE_DATASETS, expected)
+        ]
     return LstmState(*values)
 
 
@@ -187,7 +280,7 @@ def load_weights(bilm: nn.Module, weight_file: str | Path) -> None:
     """Copy an original-format HDF5 file into a ``BiLM`` (its weights and ``start_state``),
     checking every dataset against ``bilm.options``."""
     path = Path(weight_file)
-    with _open(path) as handle:
+    with open_hdf5(path) as handle:
         _read(handle, path, bilm, _bilm_table(bilm.options), "the options")
         bilm.start_state = _read_start_state(bilm.options, handle, path)
 
@@ -222,5 +315,26 @@ def save_softmax(softmax: nn.Module, path: str | Path) -> None:
 def load_softmax(softmax: nn.Module, path: str | Path) -> None:
     """Copy softmax.hdf5 into a ``Softmax`` whose vocabulary size it must match."""
     path = Path(path)
-    with _open(path) as handle:
+    with open_hdf5(path, "softmax file") as handle:
         _read(handle, path, softmax, _SOFTMAX_TABLE, "the vocabulary and dimension")
+
+
+def has_start_state(weight_file: str | Path) -> bool:
+    """Whether a weight file holds a start state (both datasets)."""
+    with open_hdf5(weight_file) as handle:
+        return all(name in handle for name in START_STATE_DATASETS)
+
+
+def write_start_state(source: str | Path, target: str | Path, state: LstmState) -> None:
+    """Write ``target`` as a copy of the weight file ``source`` (byte for byte, so nothing else
+    in it changes) whose start state is ``state`` (h (n_layers, 2, projection_dim), c
+    (n_layers, 2, dim)); ``target`` may be ``source``. Atomic: ``target`` is whole or unchanged."""
+    source, target = Path(source), Path(target)
+    open_hdf5(source).close()  # refuse a file that reads other files before copying it
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)
+        with h5py.File(tmp, "r+") as handle:
+            for name, value in zip(START_STATE_DATASETS, state):
+                if name in handle:
+                    del handle[name]
+                handle.create_dataset(name, data=value.detach().to("cpu", torch.float32).numpy())

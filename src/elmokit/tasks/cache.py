@@ -32,6 +32,7 @@ from .. import __version__
 from ..atomic import atomic_path
 from ..embed import Embedder
 from ..pretrained import model_files
+from ..weights import UnsafeHDF5Error, WeightFileError, open_hdf5
 
 FORMAT = "elmokit-task-layers-v2"
 MODE = "warm"
@@ -220,9 +221,10 @@ class LayerCache:
 
 
 def _open(path: Path, key: str, n_sentences: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(layers, offsets) of a cache file if it holds ``key``; layers memory-mapped when possible."""
+    """(layers, offsets) of a cache file if it holds ``key``; layers memory-mapped when possible.
+    A file that reads other files (``open_hdf5``) is an error; an unreadable one is a miss."""
     try:
-        with h5py.File(path, "r") as f:
+        with open_hdf5(path, "layer cache") as f:
             if f.attrs.get("key") != key or len(f["offsets"]) != n_sentences + 1:
                 return None
             offsets = f["offsets"][...]
@@ -231,7 +233,9 @@ def _open(path: Path, key: str, n_sentences: int) -> tuple[np.ndarray, np.ndarra
             offset = dataset.id.get_offset() if dataset.chunks is None else None
             if offset is None or dataset.size == 0:
                 return dataset[...], offsets
-    except (OSError, KeyError):
+    except UnsafeHDF5Error:
+        raise
+    except (OSError, KeyError, WeightFileError):
         return None
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape), offsets
 

@@ -1,0 +1,619 @@
+"""AllenNLP 0.9's ELMo API on elmokit: the names, signatures, outputs and stateful behaviour of
+``allennlp.modules.elmo`` (``Elmo``, ``batch_to_ids``, ``_ElmoBiLm``) and
+``allennlp.commands.elmo`` (``ElmoEmbedder``, the ``allennlp elmo`` command), so that switching
+is one import::
+
+    from elmokit.compat.allennlp import Elmo, ElmoEmbedder, batch_to_ids
+
+Everything is stateful exactly as AllenNLP's ``_ElmoBiLm``: each batch row's final LSTM states
+are that row's initial states in the next call, rows beyond a smaller batch keep theirs, and the
+first call starts from zeros (``elmokit.CarriedState``). elmokit's own ``Embedder`` is
+deterministic by default instead; use these classes to get AllenNLP's numbers.
+
+Also kept from AllenNLP: masks are int64 tensors (0/1); an empty sentence embeds as
+``numpy.zeros((3, 0, 1024))`` (float64, 1024 whatever the model's size); ``embed_file`` refuses
+blank lines and writes dataset ``"i"`` per line plus ``"sentence_to_index"``. Different: files
+are given as local paths (URLs are refused until elmokit downloads models), the output file is
+written atomically, and errors are one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+
+from ..atomic import atomic_path
+from ..bilm import BiLM, BiLMOutput, CarriedState
+from ..characters import BEGIN_OF_WORD_CHAR, END_OF_WORD_CHAR, PADDING_CHAR, token_to_ids
+from ..lstm import LstmState
+from ..scalar_mix import ScalarMix
+from .files import resolve_model_file
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OPTIONS_FILE = (
+    "https://allennlp.s3.amazonaws.com/models/elmo/2x4096_512_2048cnn_2xhighway/"
+    "elmo_2x4096_512_2048cnn_2xhighway_options.json"
+)
+DEFAULT_WEIGHT_FILE = (
+    "https://allennlp.s3.amazonaws.com/models/elmo/2x4096_512_2048cnn_2xhighway/"
+    "elmo_2x4096_512_2048cnn_2xhighway_weights.hdf5"
+)
+DEFAULT_BATCH_SIZE = 64
+MAX_CHARACTERS_PER_TOKEN = 50  # AllenNLP's ELMoCharacterMapper.max_word_length
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_OPTIONS_FILE",
+    "DEFAULT_WEIGHT_FILE",
+    "ConfigurationError",
+    "Elmo",
+    "ElmoEmbedder",
+    "batch_to_ids",
+    "elmo_command",
+    "empty_embedding",
+    "remove_sentence_boundaries",
+]
+
+# What the modules ``allennlp.modules.elmo`` and ``allennlp.commands.elmo`` hold when
+# ``elmokit.compat.install_allennlp_modules()`` makes them importable.
+MODULES_ELMO_NAMES = ("Elmo", "_ElmoBiLm", "batch_to_ids", "ConfigurationError")
+COMMANDS_ELMO_NAMES = (
+    "ElmoEmbedder",
+    "DEFAULT_OPTIONS_FILE",
+    "DEFAULT_WEIGHT_FILE",
+    "DEFAULT_BATCH_SIZE",
+    "empty_embedding",
+    "elmo_command",
+    "batch_to_ids",
+    "_ElmoBiLm",
+    "remove_sentence_boundaries",
+    "ConfigurationError",
+)
+
+
+class ConfigurationError(ValueError):
+    """AllenNLP's error for bad input or configuration (a ValueError here)."""
+
+
+# -- character ids ----------------------------------------------------------------------------
+def _token_ids(token: str) -> tuple[int, ...]:
+    if token == "":  # AllenNLP encodes an empty token as a word of no bytes
+        ids = [PADDING_CHAR] * MAX_CHARACTERS_PER_TOKEN
+        ids[:2] = [BEGIN_OF_WORD_CHAR, END_OF_WORD_CHAR]
+        return tuple(ids)
+    return token_to_ids(token, MAX_CHARACTERS_PER_TOKEN)
+
+
+def batch_to_ids(batch: Sequence[Sequence[str]]) -> torch.Tensor:
+    """Character ids of tokenized sentences: LongTensor (len(batch), longest sentence, 50),
+    shifted by +1, all-zero rows past each sentence's end; as AllenNLP's ``batch_to_ids``.
+
+    A sentence is any sequence of str tokens (a str is a sequence of one-character tokens, as in
+    AllenNLP: SeqVec passes ``list(protein)``); an empty token is a word without bytes."""
+    if isinstance(batch, str) or not isinstance(batch, Sequence):
+        raise TypeError("batch must be a list of tokenized sentences, e.g. [['Hello', 'world']]")
+    if len(batch) == 0:
+        raise ValueError("empty batch: give at least one sentence")
+    sentences = [list(sentence) for sentence in batch]
+    out = torch.zeros(len(sentences), max(map(len, sentences)), MAX_CHARACTERS_PER_TOKEN, dtype=torch.long)
+    for i, sentence in enumerate(sentences):
+        for j, token in enumerate(sentence):
+            if not isinstance(token, str):
+                raise TypeError(f"sentence {i}, token {j} is a {type(token).__name__}, not a str: {token!r}")
+        if sentence:
+            out[i, : len(sentence)] = torch.tensor([_token_ids(t) for t in sentence]) + 1
+    return out
+
+
+def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, timesteps, dim) with <S> ... </S> and its mask (batch, timesteps) -> (batch,
+    timesteps - 2, dim) without them, zero past each sentence, and the int64 mask (batch,
+    timesteps - 2); as AllenNLP's ``allennlp.nn.util.remove_sentence_boundaries``."""
+    lengths = mask.long().sum(dim=1)
+    width = tensor.shape[1] - 2
+    keep = torch.arange(width, device=tensor.device).unsqueeze(0) < (lengths - 2).unsqueeze(1)
+    inner = tensor[:, 1:-1]
+    return torch.where(keep.unsqueeze(-1), inner, inner.new_zeros(())), keep.long()
+
+
+def empty_embedding() -> np.ndarray:
+    """What AllenNLP's ElmoEmbedder returns for an empty sentence: zeros (3, 0, 1024), float64."""
+    return np.zeros((3, 0, 1024))
+
+
+def _lazy_groups_of(iterator: Iterator[Any], group_size: int) -> Iterator[list[Any]]:
+    return iter(lambda: list(islice(iterator, 0, group_size)), [])
+
+
+@contextmanager
+def _evaluating(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode and give it back in the mode it had (AllenNLP's biLM has no
+    dropout in either mode)."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+# -- the stateful biLM ------------------------------------------------------------------------
+class _CarriedLstmStates:
+    """What ``_ElmoBiLm._elmo_lstm`` is in AllenNLP, as far as users touch it:
+    ``reset_states()`` and ``_states``, the carried (h, c) in AllenNLP's layout, h (n_layers,
+    batch, 2 * projection_dim) and c (n_layers, batch, 2 * dim), forward then backward."""
+
+    stateful = True
+
+    def __init__(self) -> None:
+        self.carried = CarriedState()
+
+    def reset_states(self) -> None:
+        """Forget the carried states: the next call starts from zeros."""
+        self.carried.reset()
+
+    @property
+    def _states(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        state = self.carried.state
+        if state is None:
+            return None
+        n_layers, _, batch, _ = state.h.shape
+        return tuple(t.permute(0, 2, 1, 3).reshape(n_layers, batch, -1) for t in state)  # type: ignore[return-value]
+
+    @_states.setter
+    def _states(self, value: Sequence[torch.Tensor] | None) -> None:
+        if value is None:
+            self.carried.reset()
+            return
+        h, c = value
+        n_layers, batch = h.shape[:2]
+        self.carried.state = LstmState(
+            *(t.reshape(n_layers, batch, 2, -1).permute(0, 2, 1, 3).contiguous() for t in (h, c))
+        )
+
+
+class _ElmoBiLm(nn.Module):
+    """The pretrained biLM, stateful as AllenNLP's ``_ElmoBiLm``.
+
+    ``forward(inputs, word_inputs=None)``: char ids (batch, timesteps, 50) -> dict
+    ``activations``: num_layers tensors (batch, timesteps + 2, 2 * projection_dim) with <S> and
+    </S>, layer 0 the token vectors duplicated; ``mask``: int64 (batch, timesteps + 2).
+    ``vocab_to_cache``: words whose token vectors are computed once; then ``word_inputs``
+    (batch, timesteps) of indices into it (0 = padding) are used instead of the characters.
+    ``bilm=`` wraps an elmokit ``BiLM`` instead of loading files (it is never changed).
+    """
+
+    def __init__(
+        self,
+        options_file: str | os.PathLike | None,
+        weight_file: str | os.PathLike | None,
+        requires_grad: bool = False,
+        vocab_to_cache: list[str] | None = None,
+        *,
+        bilm: BiLM | None = None,
+    ) -> None:
+        super().__init__()
+        if bilm is None:
+            bilm = BiLM.load(
+                resolve_model_file(options_file, "options file"),
+                resolve_model_file(weight_file, "weight file"),
+            )
+            bilm.requires_grad_(requires_grad)
+        elif options_file is not None or weight_file is not None:
+            raise ConfigurationError("give options_file and weight_file, or bilm=, not both")
+        self.bilm = bilm
+        self._requires_grad = requires_grad
+        self._elmo_lstm = _CarriedLstmStates()
+        self.num_layers = bilm.num_layers
+        self._word_embedding: nn.Parameter | None = None
+        if vocab_to_cache:
+            if requires_grad:
+                logger.warning(
+                    "You are fine tuning ELMo and caching char CNN word vectors; tokens not in the "
+                    "cache are computed from their characters"
+                )
+            self.create_cached_cnn_embeddings(vocab_to_cache)
+
+    def get_output_dim(self) -> int:
+        """2 * projection_dim."""
+        return self.bilm.output_dim
+
+    def create_cached_cnn_embeddings(self, tokens: list[str]) -> None:
+        """Compute the token vectors of ``tokens`` (and of <S>, </S>) once; word id i is
+        ``tokens[i]``, and id 0 is padding (its vector is zeros), as in AllenNLP."""
+        bilm = self.bilm
+        words = ["<S>", "</S>", *tokens]
+        with torch.no_grad():
+            ids = torch.cat([batch_to_ids([words[i : i + 1024]])[0] for i in range(0, len(words), 1024)])
+            vectors = bilm.token_encoder.encode_unique(ids.to(next(bilm.parameters()).device))
+        embedding = vectors[2:].clone()
+        embedding[0] = 0.0
+        self.register_buffer("_bos_embedding", vectors[0].clone(), persistent=False)
+        self.register_buffer("_eos_embedding", vectors[1].clone(), persistent=False)
+        self._word_embedding = nn.Parameter(embedding, requires_grad=self._requires_grad)
+
+    def forward(
+        self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        out = self.run(inputs, word_inputs, keep_sentence_boundaries=True)
+        return {"activations": list(out.layers.unbind(0)), "mask": out.mask.long()}
+
+    def run(
+        self,
+        inputs: torch.Tensor,
+        word_inputs: torch.Tensor | None = None,
+        keep_sentence_boundaries: bool = True,
+    ) -> BiLMOutput:
+        """One stateful call: layers (num_layers, batch, timesteps (+ 2), dim), the mask and the
+        state reached, which becomes the carried state."""
+        bilm = self.bilm
+        if inputs.dim() != 3:
+            raise ValueError(
+                f"inputs must be char ids (batch, timesteps, 50), got shape {tuple(inputs.shape)}"
+            )
+        batch = inputs.shape[0]
+        initial = self._elmo_lstm.carried.initial(bilm, batch, bilm.lstm.layers[0].weight_hidden)
+        with _evaluating(bilm):
+            cached = self._cached_tokens(word_inputs)
+            if cached is not None:
+                tokens, lengths = cached
+                out = bilm.contextualize(tokens, lengths, initial, keep_sentence_boundaries)
+            else:
+                out = bilm(inputs, initial, keep_sentence_boundaries=keep_sentence_boundaries)
+        self._elmo_lstm.carried.update(out.state)
+        return out
+
+    def _cached_tokens(self, word_inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Token vectors (batch, timesteps + 2, projection_dim) with <S> and </S> and the lengths
+        (batch,) from cached word ids; None when there is no cache or an id is not in it (then
+        the characters are used, as AllenNLP backs off)."""
+        table = self._word_embedding
+        if table is None or word_inputs is None:
+            return None
+        if word_inputs.numel() and (int(word_inputs.min()) < 0 or int(word_inputs.max()) >= len(table)):
+            return None
+        batch, steps = word_inputs.shape
+        lengths = (word_inputs > 0).sum(dim=1)
+        tokens = table.new_zeros(batch, steps + 2, table.shape[1])
+        tokens = torch.cat([tokens[:, :1], table[word_inputs], tokens[:, -1:]], dim=1)
+        rows = torch.arange(batch, device=tokens.device)
+        tokens = tokens.index_put((rows, torch.zeros_like(rows)), self._bos_embedding.expand(batch, -1))
+        tokens = tokens.index_put(
+            (rows, lengths.to(tokens.device) + 1), self._eos_embedding.expand(batch, -1)
+        )
+        # AllenNLP's mask here: positions whose vector has a positive value
+        mask = (tokens > 0).any(dim=-1)
+        return tokens, mask.sum(dim=1)
+
+
+class Elmo(nn.Module):
+    """AllenNLP 0.9's ``Elmo``: ``num_output_representations`` scalar mixes of the biLM layers
+    with dropout, stateful as AllenNLP's (the signature is AllenNLP's: the fourth positional
+    argument is ``requires_grad``).
+
+    ``forward(inputs, word_inputs=None)``: char ids (batch, timesteps, 50) or (batch, d1, ...,
+    timesteps, 50) -> ``{'elmo_representations': [num_output_representations tensors (batch,
+    ..., timesteps, 2 * projection_dim)], 'mask': int64 (batch, ..., timesteps)}``. The mixes see
+    <S> and </S> (layer norm statistics include them, as AllenNLP's), which are then removed
+    unless ``keep_sentence_boundaries``. ``module``: an elmokit ``BiLM`` or a module returning
+    AllenNLP's dict, used instead of the files (then ``requires_grad`` is ignored).
+    """
+
+    def __init__(
+        self,
+        options_file: str | os.PathLike | None,
+        weight_file: str | os.PathLike | None,
+        num_output_representations: int,
+        requires_grad: bool = False,
+        do_layer_norm: bool = False,
+        dropout: float = 0.5,
+        vocab_to_cache: list[str] | None = None,
+        keep_sentence_boundaries: bool = False,
+        scalar_mix_parameters: list[float] | None = None,
+        module: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if module is not None:
+            if options_file is not None or weight_file is not None:
+                raise ConfigurationError("Don't provide options_file or weight_file with module")
+            self._elmo_lstm = _ElmoBiLm(None, None, bilm=module) if isinstance(module, BiLM) else module
+        else:
+            self._elmo_lstm = _ElmoBiLm(
+                options_file, weight_file, requires_grad=requires_grad, vocab_to_cache=vocab_to_cache
+            )
+        self._has_cached_vocab = vocab_to_cache is not None
+        self._keep_sentence_boundaries = keep_sentence_boundaries
+        self._dropout = nn.Dropout(p=dropout)
+        self._scalar_mixes: list[ScalarMix] = []
+        trainable = scalar_mix_parameters is None
+        for k in range(num_output_representations):
+            scalar_mix = ScalarMix(
+                self._elmo_lstm.num_layers,
+                do_layer_norm=do_layer_norm,
+                initial_scalar_parameters=scalar_mix_parameters,
+                trainable=trainable,
+                gamma_trainable=trainable,
+            )
+            self.add_module(f"scalar_mix_{k}", scalar_mix)
+            self._scalar_mixes.append(scalar_mix)
+
+    def get_output_dim(self) -> int:
+        """2 * projection_dim."""
+        return self._elmo_lstm.get_output_dim()
+
+    def forward(
+        self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None
+    ) -> dict[str, list[torch.Tensor] | torch.Tensor]:
+        original_shape = inputs.size()
+        if len(original_shape) > 3:
+            timesteps, num_characters = original_shape[-2:]
+            reshaped_inputs = inputs.reshape(-1, timesteps, num_characters)
+        else:
+            reshaped_inputs = inputs
+        reshaped_word_inputs = None
+        if word_inputs is not None:
+            if not self._has_cached_vocab:
+                logger.warning("Word inputs were passed to ELMo but it does not have a cached vocab.")
+            elif word_inputs.dim() > 2:
+                reshaped_word_inputs = word_inputs.reshape(-1, word_inputs.shape[-1])
+            else:
+                reshaped_word_inputs = word_inputs
+
+        bilm_output = self._elmo_lstm(reshaped_inputs, reshaped_word_inputs)
+        layer_activations = bilm_output["activations"]
+        mask_with_bos_eos = bilm_output["mask"]
+
+        representations = []
+        processed_mask = mask_with_bos_eos
+        for scalar_mix in self._scalar_mixes:
+            representation = scalar_mix(layer_activations, mask_with_bos_eos)
+            if not self._keep_sentence_boundaries:
+                representation, processed_mask = remove_sentence_boundaries(representation, mask_with_bos_eos)
+            representations.append(self._dropout(representation))
+
+        if word_inputs is not None and word_inputs.dim() > 2 and self._has_cached_vocab:
+            shape = tuple(word_inputs.shape)
+        elif len(original_shape) > 3:
+            shape = tuple(original_shape[:-1])
+        else:
+            return {"elmo_representations": representations, "mask": processed_mask}
+        if self._keep_sentence_boundaries:
+            shape = (*shape[:-1], shape[-1] + 2)
+        return {
+            "elmo_representations": [r.view(*shape, -1) for r in representations],
+            "mask": processed_mask.view(shape),
+        }
+
+
+# -- embedding sentences and files ------------------------------------------------------------
+class ElmoEmbedder:
+    """AllenNLP 0.9's ``ElmoEmbedder``: arrays (3, n_tokens, 2 * projection_dim) per sentence,
+    stateful from call to call as AllenNLP's (the states of batch row r carry into row r of the
+    next batch). ``options_file`` and ``weight_file`` are local paths; ``cuda_device`` -1 = CPU.
+
+    Long sentences (SeqVec's proteins of thousands of residues) run through the LSTMs in windows
+    of 512 steps with the states carried across, which gives the unsplit result with bounded
+    memory; the character CNN runs once per distinct token.
+    """
+
+    def __init__(
+        self,
+        options_file: str | os.PathLike = DEFAULT_OPTIONS_FILE,
+        weight_file: str | os.PathLike = DEFAULT_WEIGHT_FILE,
+        cuda_device: int = -1,
+    ) -> None:
+        self.elmo_bilm = _ElmoBiLm(options_file, weight_file)
+        if cuda_device >= 0:
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"cuda_device={cuda_device} was given but CUDA is not available; use -1 for the CPU"
+                )
+            self.elmo_bilm = self.elmo_bilm.cuda(device=cuda_device)
+        self.cuda_device = cuda_device
+
+    def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(activations (batch, num_layers, timesteps, dim), mask int64 (batch, timesteps))."""
+        character_ids = batch_to_ids(batch)
+        if self.cuda_device >= 0:
+            character_ids = character_ids.cuda(device=self.cuda_device)
+        with torch.no_grad():
+            out = self.elmo_bilm.run(character_ids, keep_sentence_boundaries=False)
+        return out.layers.transpose(0, 1), out.mask.long()
+
+    def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
+        """(3, n_tokens, dim) float32 for one tokenized sentence (stateful)."""
+        return self.embed_batch([sentence])[0]
+
+    def embed_batch(self, batch: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One array (3, n_tokens, dim) per sentence; an empty sentence gives
+        ``empty_embedding()``. A batch of empty sentences only does not touch the states."""
+        if len(batch) > 0 and all(len(sentence) == 0 for sentence in batch):
+            return [empty_embedding() for _ in batch]
+        embeddings, mask = self.batch_to_embeddings(batch)
+        arrays = embeddings.detach().cpu().numpy()
+        lengths = mask.sum(dim=1).tolist()
+        return [arrays[i, :, :n, :] if n else empty_embedding() for i, n in enumerate(lengths)]
+
+    def embed_sentences(
+        self, sentences: Iterable[Sequence[str]], batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> Iterator[np.ndarray]:
+        """Arrays (3, n_tokens, dim) for any iterable of sentences, in batches of
+        ``batch_size`` in the given order."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        for batch in _lazy_groups_of(iter(sentences), batch_size):
+            yield from self.embed_batch(batch)
+
+    def embed_file(
+        self,
+        input_file: IO[str] | str | os.PathLike,
+        output_file_path: str | os.PathLike,
+        output_format: str = "all",
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        forget_sentences: bool = False,
+        use_sentence_keys: bool = False,
+    ) -> None:
+        """Embed a file of whitespace-tokenized sentences (an open text file, a path, or "-" for
+        stdin) into HDF5 as ``allennlp elmo`` does: dataset ``"i"`` (or the sentence itself with
+        ``use_sentence_keys``) holds line i's float32 vectors, (3, n_tokens, dim) for ``all``,
+        (n_tokens, dim) for ``top`` and ``average``; ``"sentence_to_index"`` holds
+        ``json.dumps({sentence: "i"})`` unless ``forget_sentences`` or ``use_sentence_keys``.
+        Blank lines are an error. The file appears only when complete (written beside it, then
+        renamed); an existing file is replaced, as AllenNLP does."""
+        if output_format not in ("all", "top", "average"):
+            raise ValueError(f"output_format must be all, top or average, got {output_format!r}")
+        output = Path(output_file_path)
+        if output.is_dir():
+            raise ValueError(f"output is a folder, not a file: {output}")
+        if not output.parent.is_dir():
+            raise FileNotFoundError(f"output folder does not exist: {output.parent}")
+        sentences = _read_sentences(input_file)
+        blank = [i for i, line in enumerate(sentences) if line == ""]
+        if blank:
+            shown = ", ".join(map(str, blank[:10])) + (
+                f", ... ({len(blank)} in all)" if len(blank) > 10 else ""
+            )
+            raise ConfigurationError(
+                f"Your input file contains empty lines at indexes [{shown}]. Please remove them."
+            )
+        if use_sentence_keys:
+            logger.warning(
+                "Using sentences as keys can fail if sentences contain forward slashes or colons. "
+                "Use with caution."
+            )
+        split = (sentence.split() for sentence in sentences)
+        from tqdm import tqdm
+
+        sentence_to_index: dict[str, str] = {}
+        with atomic_path(output, overwrite=True) as tmp, h5py.File(tmp, "w") as fout:
+            embedded = self.embed_sentences(split, batch_size)
+            for i, embeddings in enumerate(
+                tqdm(embedded, total=len(sentences), file=sys.stderr, disable=None)
+            ):
+                key = sentences[i] if use_sentence_keys else str(i)
+                if use_sentence_keys and key in fout.keys():
+                    raise ConfigurationError(
+                        f"Key already exists in {output}. To encode duplicate sentences, do not pass "
+                        "the --use-sentence-keys flag."
+                    )
+                if not forget_sentences and not use_sentence_keys:
+                    sentence_to_index[sentences[i]] = key
+                if output_format == "all":
+                    array = embeddings
+                elif output_format == "top":
+                    array = embeddings[-1]
+                else:
+                    array = np.average(embeddings, axis=0)
+                try:
+                    fout.create_dataset(key, array.shape, dtype="float32", data=array)
+                except (ValueError, KeyError) as err:
+                    raise ConfigurationError(f"line {i}: cannot use {key!r} as an HDF5 key ({err})") from None
+            if not forget_sentences and not use_sentence_keys:
+                index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+                index[0] = json.dumps(sentence_to_index)
+
+
+def _read_sentences(input_file: IO[str] | str | os.PathLike) -> list[str]:
+    """The stripped lines of an open text file, a UTF-8 file at a path, or stdin ("-")."""
+    if hasattr(input_file, "read"):
+        return [line.strip() for line in input_file]  # type: ignore[union-attr]
+    name = os.fspath(input_file)
+    if name == "-":
+        handle = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8")
+        try:
+            return [line.strip() for line in handle]
+        except UnicodeDecodeError as err:
+            raise ValueError(f"stdin is not valid UTF-8 ({err.reason})") from None
+        finally:
+            handle.detach()
+    path = Path(name)
+    if not path.exists():
+        raise FileNotFoundError(f"input file not found: {path}")
+    if path.is_dir():
+        raise ValueError(f"input is a folder, not a file: {path}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return [line.strip() for line in handle]
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: line {_first_bad_line(path)} is not valid UTF-8 ({err.reason})") from None
+
+
+def _first_bad_line(path: Path) -> int:
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
+
+
+# -- the command ------------------------------------------------------------------------------
+def add_elmo_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``elmokit elmo``: ``allennlp elmo``'s arguments and output."""
+    p = subparsers.add_parser(
+        "elmo",
+        help="allennlp elmo's command: stateful vectors of a file, in its HDF5 layout",
+        description="Create word vectors using ELMo, as `allennlp elmo` (AllenNLP 0.9) does: the same "
+        "arguments, the same HDF5 layout and the same numbers (states carried from batch to batch).",
+    )
+    p.add_argument("input_file", help="one whitespace-tokenized sentence per line; - for stdin")
+    p.add_argument("output_file", help="HDF5 file to write (replaced if it exists)")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--all", action="store_true", help="Output all three ELMo vectors.")
+    group.add_argument("--top", action="store_true", help="Output the top ELMo vector.")
+    group.add_argument("--average", action="store_true", help="Output the average of the ELMo vectors.")
+    p.add_argument("--vocab-path", help="accepted for compatibility; unused (as in AllenNLP 0.9)")
+    p.add_argument("--options-file", default=DEFAULT_OPTIONS_FILE, help="The path to the ELMo options file.")
+    p.add_argument("--weight-file", default=DEFAULT_WEIGHT_FILE, help="The path to the ELMo weight file.")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="The batch size to use.")
+    p.add_argument("--file-friendly-logging", action="store_true", help="accepted for compatibility")
+    p.add_argument("--cuda-device", type=int, default=-1, help="The cuda_device to run on (-1: CPU).")
+    p.add_argument(
+        "--forget-sentences",
+        action="store_true",
+        help='do not write the "sentence_to_index" dataset (JSON {sentence: line number})',
+    )
+    p.add_argument(
+        "--use-sentence-keys",
+        action="store_true",
+        help="use each sentence itself as its HDF5 key instead of its line number",
+    )
+    p.set_defaults(func=elmo_command)
+    return p
+
+
+def elmo_command(args: argparse.Namespace) -> int:
+    """Run ``elmokit elmo`` (``allennlp elmo``) with parsed arguments."""
+    output_format = "all" if args.all else "top" if args.top else "average"
+    try:
+        embedder = ElmoEmbedder(args.options_file, args.weight_file, args.cuda_device)
+        with torch.no_grad():
+            embedder.embed_file(
+                args.input_file,
+                args.output_file,
+                output_format,
+                args.batch_size,
+                args.forget_sentences,
+                args.use_sentence_keys,
+            )
+    except (FileNotFoundError, FileExistsError):
+        raise
+    except OSError as err:  # e.g. a folder without write permission: one line, as every error
+        raise ValueError(str(err)) from None
+    return 0

@@ -1,0 +1,37 @@
+"""The one place that turns a device name (``--device``) into a checked ``torch.device``."""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED = "cpu, cuda or cuda:N"
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """``device`` as a ``torch.device`` this machine has: cpu, cuda, cuda:N with N below the
+    number of GPUs, or mps where available; None gives cuda when a GPU is there, else cpu.
+    Anything else raises a ValueError that names the device and what this machine offers."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"unknown device {str(device)!r}: use {SUPPORTED}") from None
+    if resolved.type == "cpu":
+        return resolved
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch has no CUDA support" if torch.version.cuda is None else "no CUDA GPU was found"
+            raise ValueError(f"device {str(device)!r} is not available: {why}; use --device cpu")
+        count = torch.cuda.device_count()
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(
+                f"device {str(device)!r} does not exist: this machine has {count} CUDA GPU(s), "
+                f"cuda:0 to cuda:{count - 1}"
+            )
+        return resolved
+    if resolved.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device {str(device)!r} is not available on this machine; use --device cpu")
+        return resolved
+    raise ValueError(f"device {str(device)!r} is not supported: use {SUPPORTED}")

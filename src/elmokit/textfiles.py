@@ -1,0 +1,62 @@
+"""Reading text files: the one rule for what a line is, for every reader of the package.
+
+A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (Python's universal newlines, which is also
+what ``allennlp elmo`` reads, so line i of an input is dataset "i" of both tools' output). Files
+are UTF-8; a byte-order mark at the start is dropped; bytes that are not UTF-8 are an error that
+names the file and the line. ``-`` reads standard input.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+# what surrogateescape turns undecodable bytes into
+_ESCAPED = re.compile("[\udc80-\udcff]")
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[str]:
+    """The lines of a UTF-8 text file (or stdin for ``-``) without their line ends."""
+    stdin = str(path) == "-"
+    raw = sys.stdin.buffer if stdin else open(path, "rb")  # noqa: SIM115
+    text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline=None)
+    try:
+        for number, line in enumerate(text, start=1):
+            line = line.rstrip("\n")  # universal newlines: every line end reads as "\n"
+            if not line.isascii() and _ESCAPED.search(line):
+                try:
+                    line.encode("utf-8", "surrogateescape").decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(f"{path}: line {number} is not valid UTF-8 ({err.reason})") from None
+            yield line
+    finally:
+        if stdin:
+            text.detach()  # leave sys.stdin open
+        else:
+            text.close()
+
+
+def count_lines(path: str | os.PathLike) -> int | None:
+    """The number of lines ``read_lines`` gives, counted on the bytes; None for stdin or a pipe
+    (which can be read only once). A missing input or a folder is an error naming it."""
+    if str(path) == "-":
+        return None
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"input file not found: {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"input is a folder, not a file: {path}")
+    if not path.is_file():  # a pipe, e.g. <(command)
+        return None
+    count, last = 0, b""
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
+            if last == b"\r" and block[:1] == b"\n":  # a "\r\n" split between two blocks
+                count -= 1
+            last = block[-1:]
+    return count + (last not in (b"", b"\n", b"\r"))

@@ -304,6 +304,18 @@ def reuters_documents(paths: Sequence[str | os.PathLike], stats: Stats, log=None
     return docs
 
 
+def kept_sentences(paragraphs: Iterable[str], stats: Stats) -> list[str]:
+    """The tokenized sentences of ``paragraphs`` that pass :func:`keep_sentence` (others counted)."""
+    sents = []
+    for para in paragraphs:
+        for s in split_and_tokenize(para):
+            if keep_sentence(s):
+                sents.append(s)
+            else:
+                stats.dropped_no_letter += 1
+    return sents
+
+
 def abc_documents(paths: Sequence[str | os.PathLike], stats: Stats, log=None) -> list[list[str]]:
     """Documents of the ABC files: one per non-blank line."""
     docs = []
@@ -315,12 +327,7 @@ def abc_documents(paths: Sequence[str | os.PathLike], stats: Stats, log=None) ->
             if not line.strip():
                 continue
             n += 1
-            sents = []
-            for s in split_and_tokenize(line):
-                if keep_sentence(s):
-                    sents.append(s)
-                else:
-                    stats.dropped_no_letter += 1
+            sents = kept_sentences([line], stats)
             if sents:
                 docs.append(sents)
         if log:
@@ -366,13 +373,7 @@ def wikipedia_documents(paths: Sequence[str | os.PathLike], stats: Stats, log=No
         t0 = time.time()
         articles = wikipedia_paragraphs(path)
         for paragraphs in articles:
-            sents = []
-            for para in paragraphs:
-                for s in split_and_tokenize(para):
-                    if keep_sentence(s):
-                        sents.append(s)
-                    else:
-                        stats.dropped_no_letter += 1
+            sents = kept_sentences(paragraphs, stats)
             if sents:
                 docs.append(sents)
         if log:

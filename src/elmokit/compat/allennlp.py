@@ -26,7 +26,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +38,7 @@ from torch import nn
 from ..atomic import atomic_path
 from ..bilm import BiLM, BiLMOutput, CarriedState
 from ..characters import BEGIN_OF_WORD_CHAR, END_OF_WORD_CHAR, PADDING_CHAR, token_to_ids
+from ..embed import _evaluating
 from ..lstm import LstmState
 from ..scalar_mix import ScalarMix
 from .files import resolve_model_file
@@ -139,17 +139,6 @@ def empty_embedding() -> np.ndarray:
 def _lazy_groups_of(iterator: Iterator[Any], group_size: int) -> Iterator[list[Any]]:
     return iter(lambda: list(islice(iterator, 0, group_size)), [])
 
-
-@contextmanager
-def _evaluating(module: nn.Module) -> Iterator[None]:
-    """Run ``module`` in eval mode and give it back in the mode it had (AllenNLP's biLM has no
-    dropout in either mode)."""
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 # -- the stateful biLM ------------------------------------------------------------------------

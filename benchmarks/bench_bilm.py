@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    command = shlex.join([sys.executable, *sys.argv])
+    command = shlex.join(["python", *sys.argv])  # no machine path in the record
     print(f"command: {command}", flush=True)
     from common import Pauser, wait_until_quiet, write_report  # common imports this module
 

@@ -159,7 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    command = shlex.join([sys.executable, *sys.argv])
+    command = shlex.join(["python", *sys.argv])  # no machine path in the record
     print(f"command: {command}", flush=True)
     pool = read_pool(args.text)
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
                 inp, out = tmp / f"in-{n}.txt", tmp / "out.hdf5"
                 row["tokens"] = write_input(pool, n, inp)
                 cmd = embed_command(args, model_dir, inp, out)
-                commands.append(shlex.join(cmd))
+                commands.append(shlex.join(["elmokit", *cmd[cmd.index("embed"):]]).replace(str(tmp), "DIR"))
                 row.update(measure(args, cmd, pauser, timeout=2 * args.time_budget))
                 inp.unlink()
                 if row.get("timed_out"):
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"peak RSS {small['peak_rss_mb']:.0f} -> {large['peak_rss_mb']:.0f} MB "
                 f"({large['peak_rss_mb'] - small['peak_rss_mb']:+.0f} MB)"
             )
-    print("commands (IN, OUT and DIR are temp paths):")
+    print("commands (DIR is a temporary folder):")
     for c in commands:
         print(f"  {c}")
     print(pauser.summary())

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     *sentences, warm_up = read_sentences(args.sentences, args.n_sentences + 1)
-    command = shlex.join([sys.executable, *sys.argv])
+    command = shlex.join(["python", *sys.argv])  # no machine path in the record
     print(f"command: {command}")
     print(
         f"torch {torch.__version__}, {args.threads} threads, model {args.model}, "

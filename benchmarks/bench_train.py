@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker is not None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    command = shlex.join([sys.executable, *sys.argv])
+    command = shlex.join(["python", *sys.argv])  # no machine path in the record
     print(f"command: {command}", flush=True)
     presets = [s.strip() for s in args.presets.split(",") if s.strip()]
     devices = [s.strip() for s in args.devices.split(",") if s.strip()]

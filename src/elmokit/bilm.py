@@ -239,24 +239,26 @@ class BiLM(nn.Module):
         if char_ids.numel() == 0:
             return
         n_characters = self.options.char_cnn.n_characters
-        low, high = int(char_ids.min()), int(char_ids.max())
-        if low < 0 or high >= n_characters:
-            raise ValueError(
-                f"char_ids must lie in 0..{n_characters - 1} (shifted ids from batch_to_ids), found "
-                f"{low if low < 0 else high}"
-            )
         # A row of all-zero ids is padding: it may only follow a sentence's last token. Between
         # tokens it would shift the tokens after it (lengths count the real tokens).
         real = (char_ids > 0).any(dim=-1)  # (batch, timesteps)
         gap = ~real[:, :-1] & real[:, 1:]
-        if bool(gap.any()):
-            row, position = (int(i) for i in gap.nonzero()[0])
-            first_padding = int((~real[row, : position + 1]).nonzero()[0])
+        out_of_range = (char_ids < 0) | (char_ids >= n_characters)
+        if not bool(out_of_range.any() | gap.any()):  # one device sync when the input is good
+            return
+        if bool(out_of_range.any()):
+            low, high = int(char_ids.min()), int(char_ids.max())
             raise ValueError(
-                f"char_ids row {row} has an all-zero (padding) token at position {first_padding} "
-                f"before a real token at position {position + 1}; padding may only follow a "
-                "sentence's last token (batch_to_ids writes it so)"
+                f"char_ids must lie in 0..{n_characters - 1} (shifted ids from batch_to_ids), found "
+                f"{low if low < 0 else high}"
             )
+        row, position = (int(i) for i in gap.nonzero()[0])
+        first_padding = int((~real[row, : position + 1]).nonzero()[0])
+        raise ValueError(
+            f"char_ids row {row} has an all-zero (padding) token at position {first_padding} "
+            f"before a real token at position {position + 1}; padding may only follow a "
+            "sentence's last token (batch_to_ids writes it so)"
+        )
 
     def add_sentence_boundaries(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(batch, timesteps, c) -> ids (batch, timesteps + 2, c) with <S> .. </S>, lengths + 2.

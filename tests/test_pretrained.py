@@ -80,3 +80,18 @@ def test_news_model_separates_the_senses_of_bank():
             money_river_ranks[layer].same_sense_ranks
         )
         assert as_money[layer].same_sense_at_k == 1.0
+
+
+def test_demo_shows_what_the_language_model_predicts_for_bank(capsys):
+    """The demo ends with the shipped model's substitutes for "bank" in both queries: money
+    institutions in the money sentence, places in the river sentence."""
+    from elmokit.cli import main
+
+    assert main(["demo", "-k", "1"]) == 0
+    out = capsys.readouterr().out
+    tail = out[out.index("What the language model predicts in place of 'bank'") :].splitlines()
+    money = tail[tail.index("  She went to the bank to withdraw money .") + 1]
+    river = tail[tail.index("  They had a picnic on the bank of the river .") + 1]
+    words = {line: [item.rsplit(" ", 1)[0] for item in line.strip().split(", ")] for line in (money, river)}
+    assert {"banks", "government"} <= set(words[money]) and "side" in words[river]
+    assert "banks" not in words[river] and "side" not in words[money]

@@ -507,8 +507,21 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
     code, _, err = cli(capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--max-steps", 5)
     assert code == 2 and last_line(err) == (
         "elmokit: error: the data position is for the shards shard-0.txt, shard-1.txt, but the "
-        "corpus glob matches shard-0.txt, shard-9.txt; resume with the same shards (they may be moved)"
+        "corpus glob matches shard-0.txt, shard-9.txt; resume with the same shards (they may be moved), "
+        "or add --new-data to read the new ones from their beginning"
     )
+    # --new-data: weights, optimizer and step continue on the new shards, read from their start
+    before = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
+    code, out, _ = cli(capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--new-data", "--max-steps", 5)
+    assert code == 0 and "continuing step 4 on a new corpus" in out
+    assert latest_checkpoint(tmp_path / "b").name == "checkpoint-000000005"
+    after = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
+    assert after["run"]["step"] == 5 and after["optimizer"]["state"].keys() == before["optimizer"]["state"].keys()
+    rank0 = torch.load(latest_checkpoint(tmp_path / "b") / "rank0.pt", weights_only=True)
+    stream = rank0["data"]["forward"]["stream"]
+    assert [Path(f).name for f in stream["files"]] == ["shard-0.txt", "shard-9.txt"] and stream["epoch"] == 0
+    code, _, err = cli(capsys, "train", "--save-dir", tmp_path / "c", "--new-data", "--train", "x", "--vocab", "y")
+    assert code == 2 and last_line(err) == "elmokit: error: --new-data continues a run: give it with --resume"
 
 
 def test_committed_training_state_names_no_machine_path(tmp_path):

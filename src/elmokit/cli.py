@@ -96,12 +96,32 @@ def demo(args: argparse.Namespace) -> int:
         "whole sentence,\nso the same word gets different vectors; the ranks above show how well they "
         "find the query's sense."
     )
+    _demo_substitutes(args, [tokens for tokens, _ in queries])
     if args.model == TINY_REFERENCE and not args.options:
         print(
             "(This is the tiny reference model of the original's tests: it shows the machinery, "
             "not linguistic quality.)"
         )
     return 0
+
+
+def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int = 6) -> None:
+    """What the language model predicts in place of the demo word in each query, from both
+    contexts (``elmokit substitutes``); models without a softmax are said to have none."""
+    from .scoring import load_scoring_model, substitutes
+
+    try:
+        if args.options or args.weights:
+            raise FileNotFoundError("options + weights only")
+        model, vocab = load_scoring_model(args.model, device="cpu")
+    except (FileNotFoundError, ValueError):
+        print(f"\n(no softmax ships with this model: it cannot predict words in place of '{DEMO_WORD}')")
+        return
+    print(f"\nWhat the language model predicts in place of '{DEMO_WORD}' from both contexts (elmokit substitutes):")
+    for tokens in queries:
+        found = substitutes(model, vocab, tokens, tokens.index(DEMO_WORD), k=k)
+        words = ", ".join(f"{word} {p:.3f}" for word, p in found.both)
+        print(f"  {' '.join(tokens)}\n     {words}")
 
 
 def parse_duration(text: str) -> float:
@@ -211,7 +231,7 @@ def train_command(args: argparse.Namespace) -> int:
             config = TrainConfig(options=options, **{k: v for k, v in given.items() if v is not None})
             if config.epochs is None and config.max_steps is None and config.max_time is None:
                 config.epochs = 10
-        outcome = launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus)
+        outcome = launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus, new_data=args.new_data)
     except (TrainingError, OSError) as err:
         return _fail(err)
     except KeyboardInterrupt as err:  # a second signal (Interrupted), or one before training
@@ -660,6 +680,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 0 = original recipe; 0.01 teaches the model to start from zero)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
+    p.add_argument(
+        "--new-data",
+        action="store_true",
+        help="with --resume and a new --train: continue weights, optimizer and step on other text, "
+        "read from its beginning (without it a resumed run must keep its shards)",
+    )
     p.add_argument("--init-from", help="model folder to fine-tune from (new vocabulary allowed)")
     p.set_defaults(func=train_command, parser=p)
 

@@ -354,18 +354,22 @@ def _pass_on(signum: int, frame: Any) -> None:
         os.kill(process.pid, signum)
 
 
-def _train_process(config: dict[str, Any], resume: bool) -> Outcome:
+def _train_process(config: dict[str, Any], resume: bool, new_data: bool = False) -> Outcome:
     from .train import train  # here, not above: train.py imports this module
 
-    return train(TrainConfig(**config), resume=resume)
+    return train(TrainConfig(**config), resume=resume, new_data=new_data)
 
 
-def launch(config: TrainConfig, resume: bool, processes: int = 1, gpus: str | None = None) -> Outcome:
+def launch(
+    config: TrainConfig, resume: bool, processes: int = 1, gpus: str | None = None, new_data: bool = False
+) -> Outcome:
     """Train in this process, or start one process per GPU in ``gpus`` ("0,1") or ``processes``
     CPU processes (gloo) through ``run_processes``. Under torchrun (WORLD_SIZE set), this process
     is one of the run's; torchrun started the others. Returns how the run (its first process)
-    ended; a failed process raises TrainingError with its message."""
+    ended; a failed process raises TrainingError with its message. ``new_data``: see ``train``."""
     config.check()  # before any process starts
+    if new_data and not resume:
+        raise ValueError("--new-data continues a run: give it with --resume")
     started = int(os.environ.get("WORLD_SIZE", "1")) > 1
     count = len(gpus.split(",")) if gpus else processes
     problem = RANGES["nproc"].problem(count)
@@ -376,9 +380,9 @@ def launch(config: TrainConfig, resume: bool, processes: int = 1, gpus: str | No
     if gpus:
         config = replace(config, device="cuda" if count > 1 else f"cuda:{gpus.strip()}")
     if count == 1:
-        return _in_process_group(_train_process, (asdict(config), resume))
+        return _in_process_group(_train_process, (asdict(config), resume, new_data))
     try:
-        return run_processes(_train_process, (asdict(config), resume), count, gpus)[0]
+        return run_processes(_train_process, (asdict(config), resume, new_data), count, gpus)[0]
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")

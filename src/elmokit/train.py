@@ -430,8 +430,9 @@ class Trainer:
             f"{_write_failure(error, self.save_dir)}; {previous}"
         ) from None
 
-    def load_checkpoint(self, folder: Path) -> None:
-        """Continue exactly where ``folder`` stopped."""
+    def load_checkpoint(self, folder: Path, data: bool = True) -> None:
+        """Continue exactly where ``folder`` stopped; ``data=False``: except for the position in the
+        corpus, which starts at the beginning of this trainer's (new) corpus."""
         try:
             shared = load_checkpoint_file(folder / "model.pt", self.env.device)
             mine = load_checkpoint_file(folder / f"rank{self.env.rank}.pt")
@@ -448,7 +449,8 @@ class Trainer:
         for group, flag in zip(self.optimizer.param_groups, fused):  # this device's choice
             group["fused"] = flag
         self.run = RunState(**shared["run"])
-        self.data.load_state_dict(mine["data"])
+        if data:
+            self.data.load_state_dict(mine["data"])
         if mine["lstm_state"] is not None:
             self.lstm_state = LstmState(*(t.to(self.env.device) for t in mine["lstm_state"]))
         set_rng_state(mine["rng"])
@@ -653,10 +655,12 @@ def check_heldout(pattern: str, vocab: Vocabulary, max_chars: int) -> None:
         )
 
 
-def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> Outcome:
+def train(config: TrainConfig, resume: bool = False, progress: bool = True, new_data: bool = False) -> Outcome:
     """Run (or resume) training in this process; every DDP process calls this. On resume, the
     save dir's stored configuration with the changes ``config`` may make (``resume_config``);
-    a save dir without a checkpoint starts from step 0. Returns how the session ended."""
+    a save dir without a checkpoint starts from step 0. ``new_data`` (with ``resume``): the corpus
+    changed (more or other text); weights, optimizer state and step continue, the corpus is read
+    from its beginning and its size is counted again. Returns how the session ended."""
     config = prepare_run(config, resume)
     env = setup_distributed(config.device)
     save_dir = Path(config.save_dir)
@@ -672,7 +676,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> O
     else:
         vocab = Vocabulary.from_file(config.vocab)
     files = corpus_files(config.train)
-    if config.n_train_tokens is None or (config.n_negative_samples < len(vocab) and not resume):
+    if new_data or config.n_train_tokens is None or (config.n_negative_samples < len(vocab) and not resume):
         counts = count_tokens(files)
         if not counts:
             raise TrainingError(f"empty corpus: {config.train} holds no tokens")
@@ -695,7 +699,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> O
     trainer = Trainer(config, data, len(vocab), env, vocab=vocab)
     latest = latest_checkpoint(save_dir) if resume else None
     if latest is not None:
-        trainer.load_checkpoint(latest)
+        trainer.load_checkpoint(latest, data=not new_data)
+        if new_data and env.is_main:
+            print(f"continuing step {trainer.run.step:,} on a new corpus ({config.n_train_tokens:,} tokens), from its beginning")
     else:
         if resume and env.is_main:
             print(f"{save_dir} has no checkpoint (its run stopped before the first): starting at step 0")

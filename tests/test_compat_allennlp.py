@@ -33,6 +33,7 @@ from elmokit.compat.allennlp import (
     batch_to_ids,
     remove_sentence_boundaries,
 )
+from elmokit.download import OfflineError, entry_dir
 
 from .conftest import FIXTURES, TINY
 
@@ -423,8 +424,13 @@ def test_command_errors_are_one_line_and_leave_no_file(tmp_path, capsys):
 
     source = tmp_path / "sentences.txt"
     assert cli_main(["elmo", str(source), str(output), "--all"]) == 2  # AllenNLP's default: a URL
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("elmokit: error: downloading models is not available yet") and "\n" not in err
+    err = capsys.readouterr().err.strip()  # the tests run with ELMOKIT_OFFLINE=1 (conftest.py)
+    assert err == (
+        f"elmokit: error: {DEFAULT_OPTIONS_FILE} is not in the download cache and ELMOKIT_OFFLINE=1 "
+        f"forbids downloading it: unset ELMOKIT_OFFLINE to download it, or run `elmokit download "
+        f"{DEFAULT_OPTIONS_FILE}` on a machine with a network and copy the cache folder "
+        f"{entry_dir(DEFAULT_OPTIONS_FILE)} to the same place here"
+    )
     assert (
         cli_main(
             [
@@ -444,14 +450,15 @@ def test_command_errors_are_one_line_and_leave_no_file(tmp_path, capsys):
 
 
 def test_resolve_model_file(tmp_path):
-    with pytest.raises(ValueError, match=r"^downloading models is not available yet \(options file https://"):
-        resolve_model_file(DEFAULT_OPTIONS_FILE, "options file")
+    missing = rf"^{re.escape(DEFAULT_OPTIONS_FILE)} is not in the download cache"
+    with pytest.raises(OfflineError, match=missing):
+        resolve_model_file(DEFAULT_OPTIONS_FILE, "options file")  # ELMOKIT_OFFLINE=1 (conftest.py)
     with pytest.raises(FileNotFoundError, match="weight file not found"):
         resolve_model_file(tmp_path / "nope.hdf5", "weight file")
     with pytest.raises(ValueError, match="not a file"):
         resolve_model_file(tmp_path)
     assert resolve_model_file(str(TINY / "options.json")) == TINY / "options.json"
-    with pytest.raises(ValueError, match="downloading models is not available yet"):
+    with pytest.raises(OfflineError, match="ELMOKIT_OFFLINE=1 forbids downloading it"):
         ElmoEmbedder()  # AllenNLP's default model is a URL
 
 

@@ -394,3 +394,64 @@ def test_sentence_index_json_never_held_in_memory(tmp_path, bilm):
     assert len(index) == 1000 and index[lines[123]] == "123"
     assert len(stored) > 12_000_000
     assert peak < len(stored) / 2.5, (peak, len(stored))  # it was 1.07 times the JSON's size
+
+
+def test_pooled_sentence_vectors_are_the_masked_mean_and_max_over_tokens(bilm, sentences):
+    """embed_sentences(pooling=...) gives (num_layers, dim) per sentence: the mean or max over
+    the sentence's own tokens, as a masked mean/max of the padded batch output gives."""
+    batch = sentences[:8]
+    embedder = Embedder(bilm, batch_size=4)
+    unpooled = list(embedder.embed_sentences(batch))
+    with torch.no_grad():
+        out = bilm(batch_to_ids(batch))
+    layers, mask = out.layers, out.mask.unsqueeze(0).unsqueeze(-1)  # (3, B, T, D), (1, B, T, 1)
+    masked_mean = ((layers * mask).sum(2) / mask.sum(2)).numpy()  # (3, B, D)
+    masked_max = layers.masked_fill(~mask.bool(), float("-inf")).amax(2).numpy()
+    padded_mean = layers.mean(2).numpy()  # what counting the padding would give
+    for pooling, manual in (("mean", masked_mean), ("max", masked_max)):
+        pooled = list(embedder.embed_sentences(batch, pooling=pooling))
+        assert len(pooled) == len(batch)
+        for i, vector in enumerate(pooled):
+            assert vector.shape == (3, 32) and vector.dtype == np.float32
+            np.testing.assert_allclose(vector, manual[:, i], atol=1e-6)
+            whole = unpooled[i].mean(axis=1) if pooling == "mean" else unpooled[i].max(axis=1)
+            np.testing.assert_allclose(vector, whole, atol=1e-6)
+        np.testing.assert_allclose(embedder.embed_sentence(batch[0], pooling=pooling), pooled[0], atol=1e-6)
+    shortest = min(range(len(batch)), key=lambda i: len(batch[i]))
+    assert not np.allclose(padded_mean[:, shortest], masked_mean[:, shortest], atol=1e-3)
+    # padding never counts: a short sentence alone and beside a long one pool the same
+    short, long = ["a", "bank", "."], [t for s in batch for t in s][:120]
+    for pooling in ("mean", "max"):
+        alone = embedder.embed_sentence(short, pooling=pooling)
+        together = list(embedder.embed_sentences([long, short], pooling=pooling))[1]
+        np.testing.assert_allclose(alone, together, atol=1e-6)
+    empty = list(embedder.embed_sentences([short, []], pooling="mean"))[1]
+    assert empty.shape == (3, 32) and np.isnan(empty).all()  # no tokens, nothing to pool
+    with pytest.raises(ValueError, match=r"^pooling must be one of mean, max \(or None\), got 'sum'$"):
+        next(embedder.embed_sentences(batch, pooling="sum"))
+
+
+def test_cli_embed_pooling_writes_one_row_per_line(tmp_path, capsys):
+    lines = ["The bank raised rates .", "", "They sat on the bank of the river .", "The bank raised rates ."]
+    source = write_lines(tmp_path / "in.txt", lines)
+    model = ["--model", "elmo-tiny-reference", "--mode", "zero", "--quiet"]
+    for layers, pooling in (("average", "mean"), ("all", "max")):
+        output = tmp_path / f"{layers}-{pooling}.hdf5"
+        assert main(["embed", source, str(output), "--layers", layers, "--pooling", pooling, *model]) == 0
+        with h5py.File(output) as f:
+            assert sorted(f) == ["embedding", "sentence_to_index"]
+            rows = f["embedding"][...]
+            index = json.loads(f["sentence_to_index"][0])
+        assert rows.shape == ((4, 32) if layers == "average" else (4, 3, 32)) and rows.dtype == np.float32
+        assert index == {lines[0]: "3", "": "1", lines[2]: "2"}
+        assert np.isnan(rows[1]).all() and not np.isnan(rows[[0, 2, 3]]).any()
+        embedder = Embedder("elmo-tiny-reference", mode="zero")
+        for i in (0, 2, 3):
+            vectors = embedder.embed_sentence(lines[i].split())  # (3, n_tokens, 32)
+            selected = vectors.mean(axis=0) if layers == "average" else vectors
+            expected = selected.mean(axis=-2) if pooling == "mean" else selected.max(axis=-2)
+            np.testing.assert_allclose(rows[i], expected, atol=1e-6)
+    with pytest.raises(SystemExit) as exit_:
+        main(["embed", source, str(tmp_path / "x.hdf5"), "--pooling", "sum", *model])
+    assert exit_.value.code == 2
+    assert "elmokit: error: argument --pooling: invalid choice: 'sum'" in capsys.readouterr().err

@@ -47,7 +47,22 @@ def test_news_model_evaluates_by_name(tmp_path):
     figures = []
     for model in (NEWS, str(MODELS_DIR / NEWS)):
         out = tmp_path / "figures.json"
-        assert main(["evaluate", model, "--heldout", str(text), "--batch-size", "2", "--quiet", "--json", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    model,
+                    "--heldout",
+                    str(text),
+                    "--batch-size",
+                    "2",
+                    "--quiet",
+                    "--json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         figures.append(json.loads(out.read_text()))
     assert figures[0] == figures[1] and 0 < figures[0]["tokens"] <= 18  # 16 tokens + 2 </S>
     assert 1.0 < figures[0]["average"] < 1000.0

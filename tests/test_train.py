@@ -512,15 +512,22 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
     )
     # --new-data: weights, optimizer and step continue on the new shards, read from their start
     before = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
-    code, out, _ = cli(capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--new-data", "--max-steps", 5)
+    code, out, _ = cli(
+        capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--new-data", "--max-steps", 5
+    )
     assert code == 0 and "continuing step 4 on a new corpus" in out
     assert latest_checkpoint(tmp_path / "b").name == "checkpoint-000000005"
     after = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
-    assert after["run"]["step"] == 5 and after["optimizer"]["state"].keys() == before["optimizer"]["state"].keys()
+    assert (
+        after["run"]["step"] == 5
+        and after["optimizer"]["state"].keys() == before["optimizer"]["state"].keys()
+    )
     rank0 = torch.load(latest_checkpoint(tmp_path / "b") / "rank0.pt", weights_only=True)
     stream = rank0["data"]["forward"]["stream"]
     assert [Path(f).name for f in stream["files"]] == ["shard-0.txt", "shard-9.txt"] and stream["epoch"] == 0
-    code, _, err = cli(capsys, "train", "--save-dir", tmp_path / "c", "--new-data", "--train", "x", "--vocab", "y")
+    code, _, err = cli(
+        capsys, "train", "--save-dir", tmp_path / "c", "--new-data", "--train", "x", "--vocab", "y"
+    )
     assert code == 2 and last_line(err) == "elmokit: error: --new-data continues a run: give it with --resume"
 
 
@@ -823,7 +830,10 @@ def test_out_of_range_values_are_refused_by_the_api_and_the_other_commands(tmp_p
         launch(make_config(tmp_path, corpus, max_steps=1), resume=False, processes=0)
     assert not (tmp_path / "run").exists()
     code, _, err = cli(capsys, "demo", "-k", "-1")
-    assert (code, last_line(err)) == (2, "elmokit: error: argument -k: must be at least 1, got -1 (see: elmokit demo --help)")
+    assert (code, last_line(err)) == (
+        2,
+        "elmokit: error: argument -k: must be at least 1, got -1 (see: elmokit demo --help)",
+    )
     code, _, err = cli(capsys, "vocab", corpus[0], "-o", tmp_path / "v.txt", "--min-count", "0")
     assert (code, last_line(err)) == (
         2,

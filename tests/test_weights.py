@@ -249,8 +249,8 @@ def _option(section, field, value):
         (
             "char_cnn",
             "n_characters",
-            261,
-            r"char_cnn\.n_characters must be an integer of at least 262 .*, got 261$",
+            260,
+            r"char_cnn\.n_characters must be an integer of at least 262 .*, got 260$",
         ),
         (
             "char_cnn",
@@ -395,3 +395,18 @@ def test_task_layer_cache_that_reads_another_file_is_refused(tmp_path):
         _open(tmp_path / "cache.hdf5", "k", 1)
     (tmp_path / "damaged.hdf5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\x00" * 100)
     assert _open(tmp_path / "damaged.hdf5", "k", 1) is None
+
+
+def test_training_options_with_261_characters_load_as_262(tmp_path, tiny_files):
+    """bilm-tf's training options say n_characters 261; its README has users change that to 262
+    for prediction. A model published with either gives the same vectors."""
+    options_file, weight_file = tiny_files
+    options = json.loads(options_file.read_text())
+    assert options["char_cnn"]["n_characters"] == 262
+    options["char_cnn"]["n_characters"] = 261
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    ids = batch_to_ids([["The", "cat", "sat", "."]])
+    with torch.no_grad():
+        want = BiLM.load(options_file, weight_file)(ids).layers
+        got = BiLM.load(tmp_path / "options.json", weight_file)(ids).layers
+    assert torch.equal(want, got)

@@ -2,6 +2,7 @@
 
 from .bilm import BiLM, BiLMOutput, CarriedState, StatefulBiLM
 from .characters import batch_to_ids
+from .download import DownloadError
 from .elmo import Elmo, ElmoOutput
 from .embed import Embedder
 from .options import BiLMOptions, OptionsError
@@ -14,6 +15,7 @@ from .scoring import (
     substitutes,
     word_distributions,
 )
+from .sources import ModelSource, load_bilm, resolve_model
 from .weights import WeightFileError
 
 __version__ = "0.1.0"
@@ -23,9 +25,11 @@ __all__ = [
     "BiLMOptions",
     "BiLMOutput",
     "CarriedState",
+    "DownloadError",
     "Elmo",
     "ElmoOutput",
     "Embedder",
+    "ModelSource",
     "OptionsError",
     "ScalarMix",
     "SentenceScore",
@@ -33,7 +37,9 @@ __all__ = [
     "Substitutes",
     "WeightFileError",
     "batch_to_ids",
+    "load_bilm",
     "load_scoring_model",
+    "resolve_model",
     "score_sentences",
     "substitutes",
     "word_distributions",

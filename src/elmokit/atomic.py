@@ -137,16 +137,8 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
     if target.is_dir():
         raise IsADirectoryError(f"output {target} is a folder; give the path of a file to write")
     remove_leftovers(target)
-    folder = target.parent
     with terminate_raises():
-        try:
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.{_owner()}.", suffix=".tmp", dir=folder)
-        except PermissionError:
-            raise PermissionError(f"cannot write {target}: the folder {folder} is not writable") from None
-        except FileNotFoundError:
-            raise FileNotFoundError(f"output folder does not exist: {folder}") from None
-        os.close(fd)
-        tmp = Path(name)
+        tmp = _temporary(target)
         try:
             yield tmp
             os.chmod(tmp, 0o666 & ~_umask())
@@ -160,6 +152,36 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
                         f"{target} appeared while it was being written; the new result was not saved "
                         "over it (pass overwrite to replace it)"
                     ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _temporary(target: Path, label: str = "") -> Path:
+    """A new empty file beside ``target`` named ``.NAME.PID@HOST.LABELXXXXXXXX.tmp`` (made with
+    O_EXCL, so never through a planted link)."""
+    folder = target.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.{_owner()}.{label}", suffix=".tmp", dir=folder)
+    except PermissionError:
+        raise PermissionError(f"cannot write {target}: the folder {folder} is not writable") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"output folder does not exist: {folder}") from None
+    os.close(fd)
+    return Path(name)
+
+
+@contextmanager
+def scratch_path(path: str | os.PathLike, label: str = "") -> Iterator[Path]:
+    """Yield a new temporary file beside ``path``, named as ``atomic_path``'s (so that
+    ``remove_leftovers(path)`` removes it once its process is gone) with ``label`` (letters,
+    digits, ``-``) in it; it is removed when the block ends, whatever happens, and never
+    becomes ``path``: scratch work on the way to ``path`` (e.g. one process's part of it)."""
+    if not re.fullmatch(r"[A-Za-z0-9-]*", label):
+        raise ValueError(f"a scratch file's label is letters, digits and '-', got {label!r}")
+    with terminate_raises():
+        tmp = _temporary(Path(path), label)
+        try:
+            yield tmp
         finally:
             tmp.unlink(missing_ok=True)
 

@@ -10,6 +10,7 @@ carries states from call to call, as bilm-tf and AllenNLP do.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from .char_cnn import TokenEncoder
-from .characters import BOS_TOKEN, EOS_TOKEN, lengths_from_ids, tokens_to_ids
+from .characters import BOS_TOKEN, EOS_TOKEN, lengths_from_ids, pad_batch, tokens_to_ids
 from .lstm import BiLstm, LstmState, Packing, needs_autograd
 from .options import BiLMOptions
 from .weights import load_weights, save_options, save_weights
@@ -49,7 +50,14 @@ class BiLM(nn.Module):
     default the model's start state), so the same sentence gets the same vectors in any batch.
     ``start_state`` is the canonical start state read with the weights (h (n_layers, 2,
     projection_dim), c (n_layers, 2, dim)), or None for zeros.
+
+    The model's inputs come from its own ``batch_to_ids`` (sentences) and ``token_ids`` (tokens):
+    bilm-tf's byte ids here, a variant's own scheme elsewhere (``elmokit.manylangs``), which also
+    names its own ``boundary_tokens``.
     """
+
+    boundary_tokens: tuple[str, str] = (BOS_TOKEN, EOS_TOKEN)  # wrap every sentence
+    _IDS_FROM = "elmokit.batch_to_ids"  # what makes this model's inputs, for error messages
 
     def __new__(cls, *args: Any, stateful: bool = False, **kwargs: Any) -> BiLM:
         if stateful and cls is BiLM:  # the old BiLM(options, stateful=True)
@@ -66,11 +74,26 @@ class BiLM(nn.Module):
         if not isinstance(options, BiLMOptions):
             options = BiLMOptions.from_dict(options)
         self.options = options
-        self.token_encoder = TokenEncoder(options.char_cnn, options.lstm.projection_dim)
+        self.token_encoder = self._make_token_encoder(options)
         self.lstm = BiLstm(options.lstm.projection_dim, options.lstm)
         self.start_state: LstmState | None = None
-        boundary = tokens_to_ids([BOS_TOKEN, EOS_TOKEN], options.char_cnn.max_characters_per_token)
-        self.register_buffer("_boundary_ids", boundary, persistent=False)
+        self.register_buffer("_boundary_ids", self.token_ids(self.boundary_tokens), persistent=False)
+
+    def _make_token_encoder(self, options: BiLMOptions) -> TokenEncoder:
+        """The token encoder of this kind of model (a variant passes its own parameters)."""
+        return TokenEncoder(options.char_cnn, options.lstm.projection_dim)
+
+    # -- inputs --------------------------------------------------------------------------------
+    def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
+        """This model's input ids of each token: LongTensor (n_tokens, input_width), 0 never
+        used by a token (bilm-tf: the shifted byte ids of ``tokens_to_ids``). ``cache=False``
+        skips the cache of recent tokens' ids."""
+        return tokens_to_ids(tokens, self.options.char_cnn.max_characters_per_token, cache=cache)
+
+    def batch_to_ids(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
+        """Tokenized sentences -> this model's inputs: LongTensor (batch, timesteps, input_width),
+        rows past a sentence's end all 0; what ``forward`` takes (bilm-tf: ``elmokit.batch_to_ids``)."""
+        return pad_batch(sentences, self.token_ids, self.token_encoder.input_width)
 
     @classmethod
     def load(cls, options_file: str | Path, weight_file: str | Path, stateful: bool = False) -> BiLM:
@@ -106,7 +129,7 @@ class BiLM(nn.Module):
             raise TypeError("encode_tokens takes a list of tokens, not a str")
         if len(tokens) == 0:
             raise ValueError("encode_tokens needs at least one token")
-        ids = tokens_to_ids(tokens, self.options.char_cnn.max_characters_per_token)
+        ids = self.token_ids(tokens)
         return self.token_encoder.encode_unique(ids.to(self._boundary_ids.device))
 
     # -- states --------------------------------------------------------------------------------
@@ -224,11 +247,11 @@ class BiLM(nn.Module):
         return BiLMOutput(layers.view(n_layers + 1, batch, width, 2 * dim), mask, state)
 
     def _check_input(self, char_ids: torch.Tensor) -> None:
-        max_chars = self.options.char_cnn.max_characters_per_token
-        if char_ids.dim() != 3 or char_ids.shape[-1] != max_chars:
+        width = self.token_encoder.input_width
+        if char_ids.dim() != 3 or char_ids.shape[-1] != width:
             raise ValueError(
-                f"char_ids must have shape (batch, timesteps, {max_chars}), got "
-                f"{tuple(char_ids.shape)}; make them with elmokit.batch_to_ids"
+                f"char_ids must have shape (batch, timesteps, {width}), got "
+                f"{tuple(char_ids.shape)}; make them with {self._IDS_FROM}"
             )
         if char_ids.shape[0] == 0:
             raise ValueError("empty batch: char_ids has no sentences")
@@ -238,19 +261,20 @@ class BiLM(nn.Module):
             )
         if char_ids.numel() == 0:
             return
-        n_characters = self.options.char_cnn.n_characters
+        limits = self.token_encoder.id_limits  # (width,): each column's ids lie in 0 .. limit - 1
         # A row of all-zero ids is padding: it may only follow a sentence's last token. Between
         # tokens it would shift the tokens after it (lengths count the real tokens).
         real = (char_ids > 0).any(dim=-1)  # (batch, timesteps)
         gap = ~real[:, :-1] & real[:, 1:]
-        out_of_range = (char_ids < 0) | (char_ids >= n_characters)
+        out_of_range = (char_ids < 0) | (char_ids >= limits)
         if not bool(out_of_range.any() | gap.any()):  # one device sync when the input is good
             return
         if bool(out_of_range.any()):
-            low, high = int(char_ids.min()), int(char_ids.max())
+            where = tuple(int(i) for i in out_of_range.nonzero()[0])
+            what = "char_ids" if where[-1] < self.options.char_cnn.max_characters_per_token else "word ids"
             raise ValueError(
-                f"char_ids must lie in 0..{n_characters - 1} (shifted ids from batch_to_ids), found "
-                f"{low if low < 0 else high}"
+                f"{what} must lie in 0..{int(limits[where[-1]]) - 1} (shifted ids from batch_to_ids), "
+                f"found {int(char_ids[where])}"
             )
         row, position = (int(i) for i in gap.nonzero()[0])
         first_padding = int((~real[row, : position + 1]).nonzero()[0])

@@ -19,11 +19,14 @@ class CharCNN(nn.Module):
 
     Char ids are shifted (0 = no token, whose embedding row stays zero). As in the original, every
     one of the ``max_chars`` positions, padding characters included, takes part in the max-pool.
+    ``padding_id`` is the (shifted) id that pads a token to ``max_chars``: bilm-tf's 261, or the
+    ``<pad>`` of ELMoForManyLangs' char.dic.
     """
 
-    def __init__(self, options: CharCNNOptions) -> None:
+    def __init__(self, options: CharCNNOptions, padding_id: int = PADDING_CHAR + 1) -> None:
         super().__init__()
         self.max_chars = options.max_characters_per_token
+        self.padding_id = padding_id
         self.embedding = nn.Embedding(options.n_characters, options.embedding_dim, padding_idx=0)
         self.convolutions = nn.ModuleList(
             nn.Conv1d(options.embedding_dim, n_filters, kernel_size=width)
@@ -57,9 +60,10 @@ class CharCNN(nn.Module):
         """(n_tokens, max_chars) shifted ids -> (n_tokens, n_filters).
 
         Exact speed-up: a window made only of padding characters gives the same value for every
-        token, so a token of ``L`` real characters (begin/end of word included) needs only the
-        first ``L + max_width`` positions: that prefix holds every window touching a real
-        character and, where the full width has one, a window of padding only.
+        token, so a token whose last character that is not padding is at position ``L - 1``
+        (begin/end of word included) needs only the first ``L + max_width`` positions: that
+        prefix holds every window touching a real character and, where the full width has one, a
+        window of padding only.
         """
         lengths = self._real_lengths(char_ids)
         max_width = max(conv.kernel_size[0] for conv in self.convolutions)
@@ -77,9 +81,10 @@ class CharCNN(nn.Module):
         return out[torch.argsort(order)]
 
     def _real_lengths(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """Number of non-padding characters per token (all max_chars for an all-zero row)."""
-        lengths = (char_ids != PADDING_CHAR + 1).sum(dim=-1)
-        return torch.where((char_ids == 0).all(dim=-1), self.max_chars, lengths)
+        """Per token, 1 + the position of its last character that is not padding (max_chars for
+        an all-zero row): a padding id between real characters does not shorten it."""
+        positions = torch.arange(1, char_ids.shape[-1] + 1, device=char_ids.device)
+        return ((char_ids != self.padding_id) * positions).amax(dim=-1)
 
     def _convolve(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation."""
@@ -90,6 +95,12 @@ class CharCNN(nn.Module):
 
 class TokenEncoder(nn.Module):
     """Char CNN, highway layers and projection: char ids (..., max_chars) -> (..., projection_dim).
+
+    ELMoForManyLangs' variant (``manylangs``): ``padding_id`` its ``<pad>`` character (shifted);
+    ``word_embedding`` = (rows, dim) adds a word embedding, read from one more input column after
+    the characters (the shifted word id, 0 = no token), whose vector comes before the highway
+    output in the projection's input ([word; chars]); ``always_project`` keeps the projection
+    when the sizes already agree. Input rows are then (..., max_chars + 1).
 
     The CNN runs once per distinct token of the input; the result is identical to running it on
     every position. Without autograd, the encodings of the last ``cache_size`` distinct tokens
@@ -104,30 +115,53 @@ class TokenEncoder(nn.Module):
 
     DEFAULT_CACHE_SIZE = 20_000
 
-    def __init__(self, options: CharCNNOptions, projection_dim: int) -> None:
+    def __init__(
+        self,
+        options: CharCNNOptions,
+        projection_dim: int,
+        *,
+        padding_id: int = PADDING_CHAR + 1,
+        word_embedding: tuple[int, int] | None = None,
+        always_project: bool = False,
+    ) -> None:
         super().__init__()
         self.cache_size = self.DEFAULT_CACHE_SIZE
         self.cache_min_tokens = EncodingCache.MIN_KEYS
         self._cache: EncodingCache[bytes] | None = None
-        self.char_cnn = CharCNN(options)
+        self.char_cnn = CharCNN(options, padding_id)
         n_filters = self.char_cnn.output_dim
         self.highway = Highway(n_filters, options.n_highway)
+        self.word_embedding: nn.Embedding | None = None
+        limits = [options.n_characters] * options.max_characters_per_token
+        n_features = n_filters
+        if word_embedding is not None:
+            self.word_embedding = nn.Embedding(*word_embedding, padding_idx=0)
+            limits.append(word_embedding[0])
+            n_features += word_embedding[1]
         self.projection: nn.Linear | None = None
-        if n_filters != projection_dim:
-            self.projection = nn.Linear(n_filters, projection_dim)
-            nn.init.normal_(self.projection.weight, std=(1.0 / n_filters) ** 0.5)
+        if always_project or n_features != projection_dim:
+            self.projection = nn.Linear(n_features, projection_dim)
+            nn.init.normal_(self.projection.weight, std=(1.0 / n_features) ** 0.5)
             nn.init.zeros_(self.projection.bias)
         self.output_dim = projection_dim
+        self.input_width = len(limits)  # ids per token
+        self.n_id_values = max(limits)
+        # the ids each input column may hold: 0 .. limit - 1
+        self.register_buffer("id_limits", torch.tensor(limits), persistent=False)
 
     def encode_unique(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(n_tokens, max_chars) -> (n_tokens, projection_dim), one CNN pass per row."""
-        x = self.highway(self.char_cnn(char_ids))
+        """(n_tokens, input_width) -> (n_tokens, projection_dim), one CNN pass per row."""
+        if self.word_embedding is None:
+            x = self.highway(self.char_cnn(char_ids))
+        else:
+            chars = self.highway(self.char_cnn(char_ids[:, : self.char_cnn.max_chars]))
+            x = torch.cat([self.word_embedding(char_ids[:, -1]), chars], dim=-1)
         return x if self.projection is None else self.projection(x)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(..., max_chars) -> (..., projection_dim); the CNN runs once per distinct token."""
+        """(..., input_width) -> (..., projection_dim); the CNN runs once per distinct token."""
         flat = char_ids.reshape(-1, char_ids.shape[-1])
-        unique, inverse = distinct_rows(flat, self.char_cnn.embedding.num_embeddings)
+        unique, inverse = distinct_rows(flat, self.n_id_values)
         if (
             self.cache_size > 0
             and len(unique)
@@ -137,7 +171,7 @@ class TokenEncoder(nn.Module):
             if self._cache is None or self._cache.capacity != self.cache_size:
                 self._cache = EncodingCache(self.cache_size)
             self._cache.min_keys = self.cache_min_tokens
-            keys = _row_keys(unique, self.char_cnn.embedding.num_embeddings)
+            keys = _row_keys(unique, self.n_id_values)
             encoded = self._cache.lookup(
                 keys, self.parameters(), lambda rows: self.encode_unique(unique[rows])
             )

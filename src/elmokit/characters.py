@@ -7,7 +7,7 @@ At run time every id is shifted by +1 so that 0 means "no token" (padding).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -117,15 +117,25 @@ def batch_to_ids(
     No sentence boundary tokens are added (the biLM adds them). Ids are shifted by +1; rows past a
     sentence's end are all 0 (padding). ``timesteps`` is the longest sentence's length.
     """
+    return pad_batch(sentences, lambda tokens: tokens_to_ids(tokens, max_chars), max_chars)
+
+
+def pad_batch(
+    sentences: Sequence[Sequence[str]],
+    token_ids: Callable[[Sequence[str]], torch.Tensor],
+    width: int,
+) -> torch.Tensor:
+    """Model inputs of pre-tokenized sentences: LongTensor (batch, timesteps, width), sentence i's
+    rows from ``token_ids(sentence)`` (n_tokens, width), rows past its end all 0 (padding)."""
     check_token_lists(sentences)
     if len(sentences) == 0:
         raise ValueError("empty sentence list: give at least one sentence")
     timesteps = max(len(s) for s in sentences)
-    out = torch.zeros((len(sentences), timesteps, max_chars), dtype=torch.long)
+    out = torch.zeros((len(sentences), timesteps, width), dtype=torch.long)
     for i, sentence in enumerate(sentences):
         try:
             if len(sentence):
-                out[i, : len(sentence)] = tokens_to_ids(sentence, max_chars)
+                out[i, : len(sentence)] = token_ids(sentence)
         except ValueError as err:
             raise ValueError(f"sentence {i}: {err}") from None
     return out

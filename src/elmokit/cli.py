@@ -20,8 +20,10 @@ import torch
 from .atomic import write_json
 from .bilm import BiLM
 from .pretrained import DEFAULT_MODEL, TINY_REFERENCE, model_files
+from .sources import load_bilm
 
 DEMO_WORD = "bank"
+MODEL_HELP = "a shipped or known model's name (elmokit models), a model folder, a .zip archive or a URL"
 DEMO_QUERIES = [
     ("She went to the bank to withdraw money .", "money"),
     ("They had a picnic on the bank of the river .", "river"),
@@ -32,8 +34,8 @@ def _load_model(args: argparse.Namespace) -> BiLM:
     if args.options or args.weights:
         if not (args.options and args.weights):
             raise SystemExit("elmokit: give both --options and --weights (or --model DIR)")
-        return BiLM.load(args.options, args.weights)
-    return BiLM.load(*model_files(args.model))
+        return load_bilm(args.options, args.weights)  # each a path or a URL
+    return load_bilm(args.model)  # a name, folder, .zip archive or URL
 
 
 def _snippet(tokens: Sequence[str], word: str, width: int = 96) -> str:
@@ -117,7 +119,10 @@ def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int
     except (FileNotFoundError, ValueError):
         print(f"\n(no softmax ships with this model: it cannot predict words in place of '{DEMO_WORD}')")
         return
-    print(f"\nWhat the language model predicts in place of '{DEMO_WORD}' from both contexts (elmokit substitutes):")
+    print(
+        f"\nWhat the language model predicts in place of '{DEMO_WORD}' from both contexts "
+        "(elmokit substitutes):"
+    )
     for tokens in queries:
         found = substitutes(model, vocab, tokens, tokens.index(DEMO_WORD), k=k)
         words = ", ".join(f"{word} {p:.3f}" for word, p in found.both)
@@ -231,7 +236,9 @@ def train_command(args: argparse.Namespace) -> int:
             config = TrainConfig(options=options, **{k: v for k, v in given.items() if v is not None})
             if config.epochs is None and config.max_steps is None and config.max_time is None:
                 config.epochs = 10
-        outcome = launch(config, resume=args.resume, processes=args.nproc, gpus=args.gpus, new_data=args.new_data)
+        outcome = launch(
+            config, resume=args.resume, processes=args.nproc, gpus=args.gpus, new_data=args.new_data
+        )
     except (TrainingError, OSError) as err:
         return _fail(err)
     except KeyboardInterrupt as err:  # a second signal (Interrupted), or one before training
@@ -330,13 +337,15 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def _embedder(args: argparse.Namespace):
+    from .devices import process_device
+    from .distributed import world_size
     from .embed import Embedder
 
     model = _load_model(args) if (args.options or args.weights) else args.model
     return Embedder(
         model,
         batch_size=args.batch_size,
-        device=args.device,
+        device=process_device(args.device) if world_size() > 1 else args.device,  # cuda:LOCAL_RANK
         mode=args.mode if args.command == "embed" else None,  # token vectors have no LSTM state
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
         dtype=args.dtype,
@@ -344,9 +353,15 @@ def _embedder(args: argparse.Namespace):
 
 
 def embed_command(args: argparse.Namespace) -> int:
-    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`)."""
+    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`); under torchrun the
+    processes share the lines (elmokit.distributed)."""
+    from . import distributed
+
+    if args.nproc > 1:
+        return distributed.run_command(args)
     embedder = _embedder(args)
-    summary = embedder.embed_file(
+    summary = distributed.embed_file(
+        embedder,
         args.input,
         args.output,
         layers=args.layers,
@@ -354,28 +369,38 @@ def embed_command(args: argparse.Namespace) -> int:
         sentence_index=not args.no_sentence_index,
         tokenize=args.tokenize,
         progress=not args.quiet,
+        pooling=args.pooling,
     )
-    if not args.quiet:
+    if not args.quiet and os.environ.get("RANK", "0") == "0":  # said once under torchrun
+        shared = ""
+        if summary.processes > 1:
+            shared = f", {summary.processes} processes, merge {summary.merge_seconds:.1f} s"
         print(
             f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
             f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode "
-            f"{args.mode}) -> {summary.output}",
+            f"{args.mode}{shared}) -> {summary.output}",
             file=sys.stderr,
         )
     return 0
 
 
 def tokens_command(args: argparse.Namespace) -> int:
-    """Context-independent token vectors for every line of a vocabulary file."""
-    n = _embedder(args).embed_tokens_file(args.vocab, args.output, overwrite=args.overwrite)
-    print(f"{n:,} token vectors -> {args.output} (dataset 'embedding')", file=sys.stderr)
+    """Context-independent token vectors for every line of a vocabulary file (shared by the
+    processes under torchrun)."""
+    from . import distributed
+
+    if args.nproc > 1:
+        return distributed.run_command(args)
+    n = distributed.embed_tokens_file(_embedder(args), args.vocab, args.output, overwrite=args.overwrite)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{n:,} token vectors -> {args.output} (dataset 'embedding')", file=sys.stderr)
     return 0
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
     from .pretrained import DEFAULT_MODEL
 
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or shipped model name")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
     p.add_argument("--batch-size", type=_ranged(int, low=1), default=64)
@@ -395,6 +420,17 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         "cosine 0.9999 to float32",
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+
+
+def _nproc_argument(p: argparse.ArgumentParser) -> None:
+    """--nproc of the commands that elmokit.distributed shares between processes."""
+    p.add_argument(
+        "--nproc",
+        type=_ranged(int, "nproc"),
+        default=1,
+        help="share the work between N processes on this machine (as torchrun --standalone "
+        "--nproc-per-node N; each on cuda:LOCAL_RANK with CUDA)",
+    )
 
 
 def _read_sentences(pattern: str, limit: int | None) -> list[list[str]]:
@@ -566,6 +602,24 @@ def _scoring_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
 
 
+def models_command(args: argparse.Namespace) -> int:
+    """The models elmokit ships and can download, with their sources and whether they are cached."""
+    from .registry import format_models, model_rows
+
+    rows = model_rows()
+    print(json.dumps(rows, indent=2, ensure_ascii=False) if args.json else format_models(rows))
+    return 0
+
+
+def download_command(args: argparse.Namespace) -> int:
+    """Download a known model or a URL into the cache, verified; say where it went."""
+    from .sources import download_model
+
+    for line in download_model(args.model, force=args.force, progress=False if args.quiet else None):
+        print(line)
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors (a missing or bad option) are one line, as every other error."""
 
@@ -577,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="elmokit", description="ELMo: deep contextualized word representations.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="embed example sentences and show what the layers do")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or model folder")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
     p.add_argument("-k", type=_ranged(int, low=1), default=3, help="neighbours shown per layer")
@@ -588,6 +642,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="HDF5 file to write")
     _model_arguments(p)
     p.add_argument("--layers", choices=["all", "top", "average"], default="all")
+    p.add_argument(
+        "--pooling",
+        choices=["mean", "max"],
+        default=None,
+        help="one vector per line: the mean or max over its tokens (dataset 'embedding', row i = line i)",
+    )
     p.add_argument("--max-tokens-per-batch", type=_ranged(int, low=1), default=None)
     p.add_argument(
         "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
@@ -596,16 +656,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-sentence-index", action="store_true", help="do not write the sentence_to_index dataset"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    _nproc_argument(p)
     p.set_defaults(func=embed_command)
 
     p = sub.add_parser("tokens", help="context-independent token vectors of a vocabulary file")
     p.add_argument("vocab", help="one token per line")
     p.add_argument("output", help="HDF5 file to write (dataset 'embedding')")
     _model_arguments(p)
+    _nproc_argument(p)
     p.set_defaults(func=tokens_command)
 
     p = sub.add_parser("start-state", help="estimate a model's start state for warm mode")
-    p.add_argument("model_dir", help="model folder (options.json + weights.hdf5) or shipped model name")
+    p.add_argument("model_dir", help=MODEL_HELP)
     p.add_argument("--text", required=True, help="glob of running text (not the test set)")
     p.add_argument(
         "--sentences", type=_ranged(int, low=1), default=20000, help="at most this many sentences of --text"
@@ -756,6 +818,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(func=substitutes_command)
 
+    p = sub.add_parser(
+        "models",
+        help="list the models elmokit ships and can download (name, language, size, source, cached)",
+        description="The shipped models and the public models elmokit downloads by name (AllenNLP, "
+        "NLPL repository, SeqVec, ELMoForManyLangs), with their URLs and whether they are in the "
+        "cache ($ELMOKIT_CACHE, else the user cache folder). Any --model also takes a folder, a "
+        ".zip archive or a URL.",
+    )
+    p.add_argument("--json", action="store_true", help="everything known of each model, as JSON")
+    p.set_defaults(func=models_command)
+
+    p = sub.add_parser(
+        "download",
+        help="download a known model or a URL into the cache (verified) and print where it went",
+    )
+    p.add_argument("model", metavar="NAME|URL", help="a name from `elmokit models`, or a URL")
+    p.add_argument("--force", action="store_true", help="download again even if it is cached")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=download_command)
+
     from .tasks.cli import add_task_parser
 
     add_task_parser(sub)  # elmokit task ner|pos|sentiment ...
@@ -767,7 +849,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command; every error is one line. Returns the exit status."""
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:

@@ -416,7 +416,8 @@ class SentenceStream:
                 if ours != theirs:
                     raise ValueError(
                         f"the data position is for the shards {', '.join(theirs)}, but the corpus "
-                        f"glob matches {', '.join(ours)}; resume with the same shards (they may be moved), or add --new-data to read the new ones from their beginning"
+                        f"glob matches {', '.join(ours)}; resume with the same shards (they may be "
+                        "moved), or add --new-data to read the new ones from their beginning"
                     )
             elif state.get(name) != value:
                 raise ValueError(

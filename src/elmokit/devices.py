@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 SUPPORTED = "cpu, cuda or cuda:N"
@@ -35,3 +37,20 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
             raise ValueError(f"device {str(device)!r} is not available on this machine; use --device cpu")
         return resolved
     raise ValueError(f"device {str(device)!r} is not supported: use {SUPPORTED}")
+
+
+def process_device(device: str | torch.device | None = None) -> torch.device:
+    """The device of this process among several (torchrun's LOCAL_RANK in the environment):
+    for ``cuda`` or None on a machine with a GPU, ``cuda:LOCAL_RANK``, or the LOCAL_RANK-th GPU
+    of ELMOKIT_GPUS ("0,2"); anything else as ``resolve_device`` gives it (None without a GPU:
+    cpu). The GPU is made this process's current device."""
+    cuda = torch.cuda.is_available()
+    if (device is None and cuda) or str(device) == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        gpus = os.environ.get("ELMOKIT_GPUS")
+        index = int(gpus.split(",")[local_rank]) if gpus else local_rank
+        device = f"cuda:{index}"
+    resolved = resolve_device(device)
+    if resolved.type == "cuda" and resolved.index is not None:
+        torch.cuda.set_device(resolved)
+    return resolved

@@ -10,6 +10,7 @@ from torch import nn
 
 from .bilm import BiLM, CarriedState
 from .scalar_mix import ScalarMix
+from .sources import load_bilm
 
 
 @dataclass
@@ -24,9 +25,10 @@ class ElmoOutput:
 class Elmo(nn.Module):
     """Compute ``num_output_representations`` learned mixes of the biLM layers, with dropout.
 
-    Build it from the original files (``Elmo(options_file, weight_file, n)``) or from a BiLM you
-    already have (``Elmo(bilm=model, num_output_representations=n)``); each mix's weights and
-    gamma are trained with the task model.
+    Build it from the original files (``Elmo(options_file, weight_file, n)``; each a path or a
+    URL, downloaded into elmokit's cache) or from a BiLM you already have
+    (``Elmo(bilm=model, num_output_representations=n)``); each mix's weights and gamma are
+    trained with the task model.
 
     ``requires_grad=False`` (default): no gradient reaches the biLM, because Elmo runs it under
     ``torch.no_grad()``. A biLM that Elmo loads itself is also frozen (its parameters get
@@ -55,7 +57,7 @@ class Elmo(nn.Module):
         if bilm is None:
             if options_file is None or weight_file is None:
                 raise ValueError("give options_file and weight_file, or bilm=")
-            bilm = BiLM.load(options_file, weight_file)
+            bilm = load_bilm(options_file, weight_file)  # each a path or a URL
             bilm.requires_grad_(requires_grad)  # Elmo's own biLM
         elif options_file is not None or weight_file is not None:
             raise ValueError("give either options_file and weight_file or bilm=, not both")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import shutil
 import sys
@@ -30,16 +31,19 @@ import torch
 from . import kernels
 from .atomic import atomic_path, check_output
 from .bilm import BiLM, CarriedState
-from .characters import BOS_TOKEN, EOS_TOKEN, check_token_lists, tokens_to_ids
+from .characters import check_token_lists
 from .devices import resolve_device
 from .lstm import LstmState
-from .pretrained import DEFAULT_MODEL, model_files
+from .sources import load_bilm
 from .textfiles import count_lines, read_lines
 from .token_cache import EncodingCache
 
 MODES = ("warm", "zero", "stateful")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 LAYERS = ("all", "top", "average")
+POOLINGS = ("mean", "max")
+POOLED_DATASET = "embedding"  # embed_file with pooling: one row per line
+TOKEN_BLOCK = 4096  # embed_tokens_file encodes this many tokens at a time
 
 
 class TokenCache:
@@ -70,11 +74,10 @@ class TokenCache:
         """One (projection_dim,) vector per token."""
         distinct = list(dict.fromkeys(tokens))
         encoder = self.bilm.token_encoder
-        max_chars = self.bilm.options.char_cnn.max_characters_per_token
 
         def encode(positions: list[int]) -> torch.Tensor:
             # the encodings are this cache; the ids of the tokens it misses are computed afresh
-            ids = tokens_to_ids([distinct[i] for i in positions], max_chars, cache=False)
+            ids = self.bilm.token_ids([distinct[i] for i in positions], cache=False)
             return encoder.encode_unique(ids.to(_device(self.bilm)))
 
         if self.size > 0 and kernels.enabled("token_cache"):
@@ -233,6 +236,8 @@ class EmbedSummary:
     empty: int
     seconds: float
     output: str
+    processes: int = 1  # torchrun's processes that shared the work (elmokit.distributed)
+    merge_seconds: float = 0.0  # of them, the seconds process 0 took to merge their parts
 
     @property
     def tokens_per_second(self) -> float:
@@ -242,8 +247,9 @@ class EmbedSummary:
 class Embedder:
     """ELMo vectors for tokenized sentences: arrays (3, n_tokens, 2 * projection_dim).
 
-    model: a BiLM, a model folder (options.json + weights.hdf5), a shipped model name, or None
-    for the default shipped model. ``batch_size`` sentences per batch, optionally also capped at
+    model: a BiLM, or a model in any form ``elmokit.resolve_model`` takes (a shipped or known
+    model's name, a model folder, a .zip archive, a URL), or None for the default shipped model.
+    ``batch_size`` sentences per batch, optionally also capped at
     ``max_tokens_per_batch`` tokens (padding included). ``dtype`` "bfloat16" (or "bf16", or
     ``torch.bfloat16``) runs the model in bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with
     AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (README, "Speed");
@@ -279,7 +285,7 @@ class Embedder:
         if isinstance(model, BiLM):
             bilm = model
         else:
-            bilm = BiLM.load(*model_files(DEFAULT_MODEL if model is None else model))
+            bilm = load_bilm(model)  # any form: name, folder, .zip, URL; None: the default
         if device is None:
             device = "cuda" if torch.cuda.is_available() else _device(bilm)
         device = resolve_device(device)
@@ -314,7 +320,8 @@ class Embedder:
         _check_sentences(sentences)
         lengths = torch.tensor([len(s) + 2 for s in sentences])
         steps = int(lengths.max())
-        sequences = [[BOS_TOKEN, *s, EOS_TOKEN] for s in sentences]
+        bos, eos = self.bilm.boundary_tokens
+        sequences = [[bos, *s, eos] for s in sentences]
         flat = [t for seq in sequences for t in seq]
         vectors = self.cache.lookup(flat)
         proj = self.bilm.options.lstm.projection_dim
@@ -344,25 +351,42 @@ class Embedder:
         if self.carried is not None:
             self.carried.reset()
 
-    def embed_sentence(self, tokens: Sequence[str]) -> np.ndarray:
-        """(num_layers, n_tokens, dim) for one tokenized sentence."""
-        return next(self.embed_sentences([tokens]))
+    def embed_sentence(self, tokens: Sequence[str], pooling: str | None = None) -> np.ndarray:
+        """(num_layers, n_tokens, dim) for one tokenized sentence; (num_layers, dim) with
+        ``pooling`` (see ``embed_sentences``)."""
+        return next(self.embed_sentences([tokens], pooling=pooling))
 
-    def embed_sentences(self, sentences: Iterable[Sequence[str]]) -> Iterator[np.ndarray]:
+    @property
+    def chunk_size(self) -> int:
+        """The sentences ``embed_sentences`` takes at a time: it batches within such a chunk."""
+        return self.batch_size if self.mode == "stateful" else 8 * self.batch_size
+
+    def embed_sentences(
+        self, sentences: Iterable[Sequence[str]], pooling: str | None = None
+    ) -> Iterator[np.ndarray]:
         """Stream arrays (num_layers, n_tokens, dim) in input order, any number of sentences.
 
         Warm and zero mode batch sentences of similar length together (within chunks of
-        ``8 * batch_size`` sentences, so memory stays bounded); stateful mode keeps the order.
+        ``chunk_size`` = ``8 * batch_size`` sentences, so memory stays bounded); stateful mode
+        keeps the order. ``pooling`` "mean" or "max": one vector per layer and sentence instead,
+        (num_layers, dim), the mean or the elementwise max over the sentence's own tokens (padding
+        never counts); a sentence without tokens gives NaN (there is nothing to pool).
         """
-        chunk_size = self.batch_size if self.mode == "stateful" else 8 * self.batch_size
+        if pooling is not None:
+            _check_pooling(pooling)
+        chunk_size = self.chunk_size
         chunk: list[Sequence[str]] = []
         for sentence in sentences:
             chunk.append(sentence)
             if len(chunk) == chunk_size:
-                yield from self._embed_chunk(chunk)
+                yield from self._pooled(self._embed_chunk(chunk), pooling)
                 chunk = []
         if chunk:
-            yield from self._embed_chunk(chunk)
+            yield from self._pooled(self._embed_chunk(chunk), pooling)
+
+    @staticmethod
+    def _pooled(arrays: Iterator[np.ndarray], pooling: str | None) -> Iterator[np.ndarray]:
+        return arrays if pooling is None else (_pool(array, pooling) for array in arrays)
 
     def _embed_chunk(self, chunk: list[Sequence[str]]) -> Iterator[np.ndarray]:
         empty = np.zeros((self.bilm.num_layers, 0, self.dim), dtype=np.float32)
@@ -404,10 +428,16 @@ class Embedder:
         sentence_index: bool = True,
         tokenize: bool = False,
         progress: bool = True,
+        pooling: str | None = None,
     ) -> EmbedSummary:
         """Embed a file of sentences (one per line, ``-`` = stdin) into HDF5 laid out like
         ``allennlp elmo``: dataset "i" for line i, (3, n_tokens, dim) for ``all`` or
         (n_tokens, dim) for ``top``/``average``, and "sentence_to_index" (JSON) unless disabled.
+
+        ``pooling`` "mean" or "max": one vector per line instead, the mean or elementwise max
+        over its tokens of what ``layers`` gives, stored as row i of one dataset "embedding",
+        (n_lines, 3, dim) for ``all`` or (n_lines, dim) for ``top``/``average`` (an empty line's
+        row is NaN); "sentence_to_index" maps each sentence to its row.
 
         The output is written to a temporary file beside it and renamed when complete; on an
         error or an interruption nothing is left. Memory does not grow with the file beyond
@@ -416,8 +446,7 @@ class Embedder:
         into the output in blocks, as one fixed-length UTF-8 string (read it with
         ``json.loads(f["sentence_to_index"][0])``, as allennlp's files).
         """
-        if layers not in LAYERS:
-            raise ValueError(f"layers must be one of {', '.join(LAYERS)}, got {layers!r}")
+        _check_layers(layers, pooling)
         output = check_output(output_path, overwrite)
         _refuse_same_file(input_path, output)
         total = count_lines(input_path)
@@ -425,35 +454,32 @@ class Embedder:
         split = _tokenizer(tokenize)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
-        _limit_hdf5_free_lists()
-        with atomic_path(output, overwrite) as tmp_name, SentenceIndex(output.parent) as index:
-            # HDF5 1.8's group format: its link index stays flat in memory (the 1.6 format kept
-            # every name of the group in one cached heap: +75 MB at 600,000 datasets)
-            with h5py.File(tmp_name, "w", libver=("v108", "v108")) as out, _progress(progress, total) as bar:
-                texts: deque[str] = deque()  # lines read but not yet written, in order
+        texts: deque[str] = deque()  # lines read but not yet written, in order
 
-                def token_lists() -> Iterator[list[str]]:
-                    for text in lines:
-                        texts.append(text)
-                        yield split(text)
+        def token_lists() -> Iterator[list[str]]:
+            for text in lines:
+                texts.append(text)
+                yield split(text)
 
-                for i, array in enumerate(self.embed_sentences(token_lists())):
-                    out.create_dataset(str(i), data=_select_layers(array, layers))
-                    text = texts.popleft()
-                    if sentence_index:
-                        index.add(text.strip())
-                    n = array.shape[1]
-                    stats["sentences"] += 1
-                    stats["tokens"] += n
-                    stats["empty"] += n == 0
-                    bar.update(1)
-                    bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
-                if sentence_index:
-                    json_file, size = index.json_file()
-                    offset = _reserve_string(out, "sentence_to_index", size)
-            if sentence_index:  # the HDF5 file is closed: its layout is final
-                _copy_into(tmp_name, offset, json_file)
+        def rows(bar) -> Iterator[tuple[str, np.ndarray]]:
+            for array in self.embed_sentences(token_lists()):
+                yield texts.popleft(), _output_array(array, layers, pooling)
+                n = array.shape[1]
+                stats["sentences"] += 1
+                stats["tokens"] += n
+                stats["empty"] += n == 0
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
+
+        with _progress(progress, total) as bar:
+            _write_vectors(output, overwrite, rows(bar), self._row_shape(layers, pooling), sentence_index)
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
+
+    def _row_shape(self, layers: str, pooling: str | None) -> tuple[int, ...] | None:
+        """The shape of a line's vector with ``pooling``; None without (one dataset per line)."""
+        if pooling is None:
+            return None
+        return (self.bilm.num_layers, self.dim) if layers == "all" else (self.dim,)
 
     def embed_tokens_file(
         self, vocab_path: str | os.PathLike, output_path: str | os.PathLike, overwrite: bool = False
@@ -462,19 +488,107 @@ class Embedder:
         "embedding" (n_lines, projection_dim), as bilm-tf's dump_token_embeddings."""
         output = check_output(output_path, overwrite)
         _refuse_same_file(vocab_path, output)
-        count_lines(vocab_path)  # a missing input or a folder is named
-        tokens = [line.strip() for line in read_lines(vocab_path)]
-        for number, token in enumerate(tokens, start=1):
-            if not token:
-                raise ValueError(f"{vocab_path}: line {number} is empty")
-        with torch.inference_mode():
-            vectors = [
-                self.bilm.encode_tokens(tokens[i : i + 4096]).float().cpu().numpy()
-                for i in range(0, len(tokens), 4096)
-            ]
-        with atomic_path(output, overwrite) as tmp, h5py.File(tmp, "w") as out:
-            out.create_dataset("embedding", data=np.concatenate(vectors))
+        tokens = _vocabulary_tokens(vocab_path)
+        blocks = (
+            self.encode_token_block(tokens[i : i + TOKEN_BLOCK]) for i in range(0, len(tokens), TOKEN_BLOCK)
+        )
+        _write_token_vectors(output, overwrite, blocks, (len(tokens), self.bilm.token_encoder.output_dim))
         return len(tokens)
+
+    @torch.inference_mode()
+    def encode_token_block(self, tokens: list[str]) -> np.ndarray:
+        """float32 (n_tokens, projection_dim): one block of ``embed_tokens_file``."""
+        return self.bilm.encode_tokens(tokens).float().cpu().numpy()
+
+
+def _vocabulary_tokens(vocab_path: str | os.PathLike) -> list[str]:
+    """The stripped lines of a vocabulary file; an empty line or file is a ValueError."""
+    count_lines(vocab_path)  # a missing input or a folder is named
+    tokens = [line.strip() for line in read_lines(vocab_path)]
+    for number, token in enumerate(tokens, start=1):
+        if not token:
+            raise ValueError(f"{vocab_path}: line {number} is empty")
+    if not tokens:
+        raise ValueError(f"{vocab_path} holds no tokens")
+    return tokens
+
+
+def _write_token_vectors(
+    output: Path, overwrite: bool, blocks: Iterable[np.ndarray], shape: tuple[int, int]
+) -> None:
+    """Write ``embed_tokens_file``'s HDF5 file atomically: the blocks of rows, in order, as the
+    dataset "embedding" of ``shape`` (n_tokens, dim)."""
+    with atomic_path(output, overwrite) as tmp, h5py.File(tmp, "w") as out:
+        dataset = out.create_dataset("embedding", shape=shape, dtype=np.float32)
+        first = 0
+        for block in blocks:
+            dataset[first : first + len(block)] = block
+            first += len(block)
+        if first != shape[0]:
+            raise RuntimeError(f"{first} token vectors were computed for {shape[0]} tokens")
+
+
+def _write_vectors(
+    output: Path,
+    overwrite: bool,
+    rows: Iterable[tuple[str, np.ndarray]],
+    row_shape: tuple[int, ...] | None,
+    sentence_index: bool,
+) -> None:
+    """Write ``embed_file``'s HDF5 file atomically from its lines' (text, array) in line order:
+    dataset "i" for line i, or with a ``row_shape`` (pooled vectors) row i of the dataset
+    "embedding" (n_lines, *row_shape); the stripped texts in "sentence_to_index" unless
+    disabled (a fixed-length UTF-8 string, its JSON built in a temporary file and copied in)."""
+    _limit_hdf5_free_lists()
+    with atomic_path(output, overwrite) as tmp_name, SentenceIndex(output.parent) as index:
+        # HDF5 1.8's group format: its link index stays flat in memory (the 1.6 format kept
+        # every name of the group in one cached heap: +75 MB at 600,000 datasets)
+        with h5py.File(tmp_name, "w", libver=("v108", "v108")) as out:
+            matrix = None if row_shape is None else _Rows(out, POOLED_DATASET, row_shape)
+            for i, (text, array) in enumerate(rows):
+                if matrix is None:
+                    out.create_dataset(str(i), data=array)
+                else:
+                    matrix.append(array)
+                if sentence_index:
+                    index.add(text.strip())
+            if matrix is not None:
+                matrix.flush()
+            if sentence_index:
+                json_file, size = index.json_file()
+                offset = _reserve_string(out, "sentence_to_index", size)
+        if sentence_index:  # the HDF5 file is closed: its layout is final
+            _copy_into(tmp_name, offset, json_file)
+
+
+class _Rows:
+    """A float32 dataset (n, *row_shape) of an open HDF5 file that grows by rows as they come,
+    written in blocks of about 1 MB (its chunks)."""
+
+    def __init__(self, out: h5py.File, name: str, row_shape: tuple[int, ...]) -> None:
+        self.block = max(1, (1 << 20) // (4 * math.prod(row_shape)))
+        self.dataset = out.create_dataset(
+            name,
+            shape=(0, *row_shape),
+            maxshape=(None, *row_shape),
+            chunks=(self.block, *row_shape),
+            dtype="<f4",
+        )
+        self.pending: list[np.ndarray] = []
+
+    def append(self, row: np.ndarray) -> None:
+        if row.shape != self.dataset.shape[1:]:
+            raise ValueError(f"a row of shape {row.shape} for dataset rows of {self.dataset.shape[1:]}")
+        self.pending.append(row)
+        if len(self.pending) == self.block:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            first = len(self.dataset)
+            self.dataset.resize(first + len(self.pending), axis=0)
+            self.dataset[first:] = np.stack(self.pending)
+            self.pending = []
 
 
 def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:
@@ -496,6 +610,35 @@ def _refuse_same_file(input_path: str | os.PathLike, output: Path) -> None:
             raise ValueError(f"output {output} is the input file {input_path}; write to another file")
 
 
+def _check_layers(layers: str, pooling: str | None) -> None:
+    if layers not in LAYERS:
+        raise ValueError(f"layers must be one of {', '.join(LAYERS)}, got {layers!r}")
+    if pooling is not None:
+        _check_pooling(pooling)
+
+
+def _check_pooling(pooling: str) -> None:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None), got {pooling!r}")
+
+
+def _pool(array: np.ndarray, pooling: str) -> np.ndarray:
+    """The mean or elementwise max over the tokens (axis -2) of (..., n_tokens, dim): (..., dim)
+    float32 (the mean summed in float64); NaN when there are no tokens (nothing to pool)."""
+    if array.shape[-2] == 0:
+        return np.full(array.shape[:-2] + array.shape[-1:], np.nan, dtype=np.float32)
+    if pooling == "mean":
+        return array.mean(axis=-2, dtype=np.float64).astype(np.float32)
+    return array.max(axis=-2)
+
+
+def _output_array(array: np.ndarray, layers: str, pooling: str | None) -> np.ndarray:
+    """What embed_file stores for a line: the chosen layers of its (num_layers, n_tokens, dim)
+    array, pooled over the tokens when ``pooling`` is given."""
+    selected = _select_layers(array, layers)
+    return selected if pooling is None else _pool(selected, pooling)
+
+
 def _select_layers(array: np.ndarray, layers: str) -> np.ndarray:
     if layers == "top":
         return array[-1]
@@ -512,7 +655,7 @@ def _tokenizer(tokenize: bool):
     return tokenize_line
 
 
-def _progress(enabled: bool, total: int | None):
+def _progress(enabled: bool, total: int | None, desc: str | None = None):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="sent", disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=total, desc=desc, unit="sent", disable=not enabled, dynamic_ncols=True, file=sys.stderr)

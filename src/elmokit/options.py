@@ -33,7 +33,10 @@ class CharCNNOptions:
 
 @dataclass(frozen=True)
 class LstmOptions:
-    """Forward and backward LSTM stacks with a projection (and optional clips and skips)."""
+    """Forward and backward LSTM stacks with a projection (and optional clips and skips).
+
+    The cells are projected when ``projection_dim < dim`` (bilm-tf), or always with
+    ``always_project`` (ELMoForManyLangs: a projection matrix whatever the sizes)."""
 
     dim: int
     projection_dim: int
@@ -41,10 +44,11 @@ class LstmOptions:
     cell_clip: float | None = None
     proj_clip: float | None = None
     use_skip_connections: bool = False
+    always_project: bool = False
 
     @property
     def has_projection(self) -> bool:
-        return self.projection_dim < self.dim
+        return self.always_project or self.projection_dim < self.dim
 
 
 @dataclass(frozen=True)
@@ -89,12 +93,11 @@ class BiLMOptions:
             ),
             activation=activation,
             n_characters=_integer(
-                cnn.get("n_characters", 262),
+                _prediction_characters(cnn.get("n_characters", 262)),
                 source,
                 "char_cnn.n_characters",
                 low=262,
-                why=" (character ids go up to 261 at prediction; bilm-tf's training options say 261, "
-                "use 262 as its README says)",
+                why=" (character ids go up to 261 at prediction, after the padding id 0)",
             ),
             max_characters_per_token=_integer(
                 cnn.get("max_characters_per_token", MAX_CHARACTERS_PER_TOKEN),
@@ -200,6 +203,14 @@ def _shown(value: Any) -> str:
         return json.dumps(value)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def _prediction_characters(value: Any) -> Any:
+    """bilm-tf trains with ``n_characters`` 261 (ids 0..260) and predicts with 262 (a padding
+    row 0 added before the file's 261 rows); its README tells users to change 261 to 262 in a
+    training options file before using it, and published models (NLPL's among them) carry
+    either. Both mean the same weights, so 261 is read as 262."""
+    return 262 if value == 261 and not isinstance(value, bool) else value
 
 
 def _integer(value: Any, source: str, name: str, low: int = 1, why: str = "") -> int:

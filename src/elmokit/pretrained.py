@@ -1,4 +1,5 @@
-"""Models shipped inside the package (options.json + weights.hdf5 per folder)."""
+"""Models shipped inside the package (options.json + weights.hdf5 per folder); ``model_files``
+finds the files of any model a user gives (see elmokit.sources)."""
 
 from __future__ import annotations
 
@@ -17,28 +18,29 @@ def available_models() -> list[str]:
 
 
 def model_files(name_or_dir: str | Path) -> tuple[Path, Path]:
-    """(options.json, weights.hdf5) of a shipped model name or a model folder."""
-    folder = Path(name_or_dir)
-    if not folder.is_dir() and (MODELS_DIR / str(name_or_dir)).is_dir():
-        folder = MODELS_DIR / str(name_or_dir)
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"no model folder {name_or_dir!r}; shipped models: {', '.join(available_models())}"
-        )
-    options, weights = folder / "options.json", folder / "weights.hdf5"
-    for path in (options, weights):
-        if not path.is_file():
-            raise FileNotFoundError(f"model folder {folder} has no {path.name}")
-    return options, weights
+    """(options file, weight file) of a model given in any form ``elmokit.resolve_model`` takes:
+    a shipped or known model's name, a model folder, a .zip archive or its URL."""
+    from .sources import resolve_model
+
+    return resolve_model(name_or_dir).files()
 
 
 def refuse_package_path(path: str | Path, what: str = "output") -> Path:
     """``path`` (resolved), unless it is inside the installed package (its shipped models
-    among others), which elmokit never writes: a ValueError then says so."""
+    among others) or elmokit's download cache, which elmokit never writes into otherwise: a
+    ValueError then says so."""
+    from .download import cache_dir
+
     resolved = Path(path).resolve()
     if resolved == PACKAGE_DIR or PACKAGE_DIR in resolved.parents:
         raise ValueError(
             f"{what} {path} is inside the installed elmokit package ({PACKAGE_DIR}), which elmokit "
             "does not change; give a folder of your own"
         )
+    for cache in (cache_dir().resolve() / "downloads", cache_dir().resolve() / "archives"):
+        if resolved == cache or cache in resolved.parents:
+            raise ValueError(
+                f"{what} {path} is inside elmokit's download cache ({cache.parent}), which holds "
+                "models as their publishers made them; give a folder of your own"
+            )
     return resolved

@@ -60,10 +60,13 @@ from .characters import batch_to_ids, check_token_lists
 from .checkpoints import CHECKPOINT_POINTER
 from .data import SPECIAL_TOKENS, Vocabulary
 from .devices import resolve_device
+from .download import is_url
 from .embed import _evaluating, _refuse_same_file, _tokenizer
 from .export import load_language_model
 from .language_model import LanguageModel
 from .pretrained import DEFAULT_MODEL, MODELS_DIR
+from .registry import find
+from .sources import resolve_model
 from .textfiles import count_lines, read_lines
 from .weights import SOFTMAX_FILE
 
@@ -109,11 +112,17 @@ def load_scoring_model(
 ) -> tuple[LanguageModel, Vocabulary]:
     """(LanguageModel, Vocabulary) with the softmax, in eval mode on ``device`` (None: cuda if
     present), from a shipped model name, an exported model folder (options.json, weights.hdf5,
-    vocab.txt, softmax.hdf5) or a training save dir; None is the default shipped model."""
+    vocab.txt, softmax.hdf5), a .zip archive of one (or its URL) or a training save dir; None is
+    the default shipped model."""
     name = DEFAULT_MODEL if model is None else model
     folder = Path(name)
     if not folder.is_dir() and (MODELS_DIR / str(name)).is_dir():
         folder = MODELS_DIR / str(name)
+    if not folder.is_dir() and (is_url(str(name)) or folder.is_file() or find(str(name)) is not None):
+        source = resolve_model(name)  # a .zip archive, its URL or a known model's name
+        if source.folder is None:
+            raise FileNotFoundError(NO_SOFTMAX.format(name=SOFTMAX_FILE) + f" ({name})")
+        folder = source.folder
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder not found: {name}")
     is_save_dir = (folder / CHECKPOINT_POINTER).is_file()

@@ -655,7 +655,9 @@ def check_heldout(pattern: str, vocab: Vocabulary, max_chars: int) -> None:
         )
 
 
-def train(config: TrainConfig, resume: bool = False, progress: bool = True, new_data: bool = False) -> Outcome:
+def train(
+    config: TrainConfig, resume: bool = False, progress: bool = True, new_data: bool = False
+) -> Outcome:
     """Run (or resume) training in this process; every DDP process calls this. On resume, the
     save dir's stored configuration with the changes ``config`` may make (``resume_config``);
     a save dir without a checkpoint starts from step 0. ``new_data`` (with ``resume``): the corpus
@@ -701,7 +703,10 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True, new_
     if latest is not None:
         trainer.load_checkpoint(latest, data=not new_data)
         if new_data and env.is_main:
-            print(f"continuing step {trainer.run.step:,} on a new corpus ({config.n_train_tokens:,} tokens), from its beginning")
+            print(
+                f"continuing step {trainer.run.step:,} on a new corpus "
+                f"({config.n_train_tokens:,} tokens), from its beginning"
+            )
     else:
         if resume and env.is_main:
             print(f"{save_dir} has no checkpoint (its run stopped before the first): starting at step 0")

@@ -13,8 +13,8 @@ deterministic by default instead; use these classes to get AllenNLP's numbers.
 Also kept from AllenNLP: masks are int64 tensors (0/1); an empty sentence embeds as
 ``numpy.zeros((3, 0, 1024))`` (float64, 1024 whatever the model's size); ``embed_file`` refuses
 blank lines and writes dataset ``"i"`` per line plus ``"sentence_to_index"``. Different: files
-are given as local paths (URLs are refused until elmokit downloads models), the output file is
-written atomically, and errors are one line.
+are local paths or URLs (downloaded into elmokit's cache, verified; see elmokit.download), the
+output file is written atomically, and errors are one line.
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ class Elmo(nn.Module):
 class ElmoEmbedder:
     """AllenNLP 0.9's ``ElmoEmbedder``: arrays (3, n_tokens, 2 * projection_dim) per sentence,
     stateful from call to call as AllenNLP's (the states of batch row r carry into row r of the
-    next batch). ``options_file`` and ``weight_file`` are local paths; ``cuda_device`` -1 = CPU.
+    next batch). ``options_file`` and ``weight_file``: paths or URLs; ``cuda_device`` -1 = CPU.
 
     Long sentences (SeqVec's proteins of thousands of residues) run through the LSTMs in windows
     of 512 steps with the states carried across, which gives the unsplit result with bounded

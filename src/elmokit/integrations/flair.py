@@ -33,14 +33,13 @@ except ImportError as err:  # pragma: no cover - the module is only usable with 
 
 from ..bilm import BiLM, CarriedState
 from ..compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, _evaluating, batch_to_ids
-from ..compat.files import resolve_model_file
 from ..lstm import LstmState
-from ..pretrained import model_files
+from ..sources import load_bilm
 
 __all__ = ["ELMoEmbeddings"]
 
 _S3 = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/"
-# flair's model names: AllenNLP's published files (downloading is not available yet).
+# flair's model names: AllenNLP's published files (downloaded into elmokit's cache on first use).
 FLAIR_MODELS = {
     "original": (DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE),
     "small": (
@@ -72,14 +71,10 @@ def _load_bilm(
     model: str, options_file: str | os.PathLike | None, weight_file: str | os.PathLike | None
 ) -> BiLM:
     if options_file and weight_file:
-        files = (options_file, weight_file)
-    elif model in FLAIR_MODELS:
-        files = FLAIR_MODELS[model]
-    else:  # an elmokit model name or a model folder
-        files = model_files(model)
-    return BiLM.load(
-        resolve_model_file(files[0], "options file"), resolve_model_file(files[1], "weight file")
-    )
+        return load_bilm(options_file, weight_file)
+    if model in FLAIR_MODELS:
+        return load_bilm(*FLAIR_MODELS[model])
+    return load_bilm(model)  # any form elmokit.resolve_model takes
 
 
 @register_embeddings("elmokit.ELMoEmbeddings")
@@ -88,8 +83,9 @@ class ELMoEmbeddings(TokenEmbeddings):
     three layers concatenated), (dim,) for ``"top"`` and ``"average"``; dim = 2 * projection_dim.
 
     ``model``: flair's names ("original", "small", "medium", "large"/"5.5B", "pt", "pubmed":
-    AllenNLP's published files, which elmokit cannot download yet), a shipped elmokit model
-    ("elmo-news-512") or a model folder; ``options_file`` and ``weight_file`` (local paths), when
+    AllenNLP's published files, downloaded into elmokit's cache on first use), or any model
+    elmokit.resolve_model takes (a shipped or known model's name, a model folder, a .zip archive,
+    a URL); ``options_file`` and ``weight_file`` (paths or URLs), when
     both are given, are used instead, as in flair. ``mode``: "stateful" (flair's and AllenNLP's
     numbers), "warm" or "zero" (deterministic). ``bilm``: use this elmokit BiLM instead of files.
     """

@@ -1,0 +1,141 @@
+"""Model archives (.zip, as the NLPL repository publishes them), checked and unpacked safely.
+
+An archive is data from anywhere. Before anything is written, every member is checked: no
+absolute path, drive letter or ``..`` (nothing lands outside the target folder), no link or
+device, no encryption, no duplicate name, and sizes within bounds (a zip bomb declares absurd
+sizes or compression ratios). While unpacking, no member may produce more bytes than it declares,
+and zipfile checks each CRC. Members are unpacked into a fresh temporary folder beside the target
+that is renamed into place only when complete, so a crash or Ctrl-C leaves no half-unpacked
+model; a leftover temporary folder of a killed process is removed by the next unpack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from .atomic import _alive
+
+MAX_MEMBERS = 10_000
+MAX_TOTAL_BYTES = 64 * 2**30  # the largest ELMo archives are a few GB
+MAX_RATIO = 200  # uncompressed / compressed; HDF5 weights compress ~1.1x, text ~4x, zip bombs >1000x
+_RATIO_FLOOR = 1 << 20  # members smaller than this are not ratio-checked
+_TEMP_PREFIX = ".unpacking-"
+
+
+class ArchiveError(ValueError):
+    """An archive that elmokit will not unpack; the message names the archive and the member."""
+
+
+def check_zip(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
+    """The members of a zip archive, after checking that unpacking them is safe (see the module
+    docstring); raises ArchiveError naming the first problem."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except zipfile.BadZipFile as err:
+        raise ArchiveError(f"{path}: not a readable zip archive ({err})") from None
+    if len(members) > MAX_MEMBERS:
+        raise ArchiveError(f"{path}: {len(members):,} members, more than the {MAX_MEMBERS:,} allowed")
+    seen: set[str] = set()
+    total = 0
+    for info in members:
+        name = info.filename
+        parts = _parts(name)
+        where = f"{path}: member {name!r}"
+        if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+            raise ArchiveError(f"{where} has an absolute path; refused")
+        if ".." in parts:
+            raise ArchiveError(f"{where} leads outside the archive's folder ('..'); refused")
+        if not parts:
+            raise ArchiveError(f"{where} has an empty name; refused")
+        mode = info.external_attr >> 16
+        kind = stat.S_IFMT(mode)
+        if stat.S_ISLNK(mode):
+            raise ArchiveError(f"{where} is a symbolic link; refused")
+        if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+            raise ArchiveError(f"{where} is not a regular file or folder; refused")
+        if info.flag_bits & 0x1:
+            raise ArchiveError(f"{where} is encrypted; refused")
+        key = "/".join(parts).casefold()
+        if key in seen:
+            raise ArchiveError(f"{where} appears twice; refused")
+        seen.add(key)
+        total += info.file_size
+        if total > MAX_TOTAL_BYTES:
+            raise ArchiveError(
+                f"{path}: members add up to more than {MAX_TOTAL_BYTES / 2**30:.0f} GiB unpacked; refused"
+            )
+        if info.file_size > _RATIO_FLOOR and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+            raise ArchiveError(
+                f"{where} claims {info.file_size:,} bytes from {info.compress_size:,} compressed "
+                f"(ratio over {MAX_RATIO}); refused as a zip bomb"
+            )
+    return members
+
+
+def unpack_zip(path: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Unpack the archive ``path`` into the folder ``target`` (which must not exist yet; if it
+    does, it is taken as this archive's earlier unpacking and returned as it is). Atomic: the
+    members go to a temporary folder beside ``target`` that is renamed to it when complete."""
+    path, target = Path(path), Path(target)
+    if target.is_dir():
+        return target
+    members = check_zip(path)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(parent)
+    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=parent))
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in members:
+                _unpack_member(archive, info, temp, path)
+        try:
+            os.replace(temp, target)
+        except OSError:
+            if not target.is_dir():  # not another process that finished first
+                raise
+    except zipfile.BadZipFile as err:
+        raise ArchiveError(f"{path}: damaged archive ({err})") from None
+    finally:
+        if temp.exists():
+            shutil.rmtree(temp, ignore_errors=True)
+    return target
+
+
+def _parts(name: str) -> list[str]:
+    """The path components of a member name ("/" and "\\" both separate; "." dropped)."""
+    return [p for p in PurePosixPath(name.replace("\\", "/")).parts if p not in ("", ".")]
+
+
+def _unpack_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, root: Path, path: Path) -> None:
+    out = root.joinpath(*_parts(info.filename))
+    if os.path.commonpath([root, out]) != str(root):  # checked by check_zip; never write outside
+        raise ArchiveError(f"{path}: member {info.filename!r} leads outside the archive's folder")
+    if info.is_dir():
+        out.mkdir(parents=True, exist_ok=True)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with archive.open(info) as source, open(out, "xb") as sink:
+        for chunk in iter(lambda: source.read(1 << 20), b""):
+            written += len(chunk)
+            if written > info.file_size:
+                raise ArchiveError(
+                    f"{path}: member {info.filename!r} unpacks to more than the {info.file_size:,} "
+                    "bytes it declares; refused"
+                )
+            sink.write(chunk)
+
+
+def _remove_leftovers(parent: Path) -> None:
+    """Remove temporary folders that unpacking processes, now gone, left in ``parent``."""
+    for leftover in parent.glob(f"{_TEMP_PREFIX}*"):
+        pid = leftover.name[len(_TEMP_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)

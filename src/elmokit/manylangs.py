@@ -1,0 +1,567 @@
+"""ELMoForManyLangs (HIT-SCIR) models as a variant of elmokit's biLM.
+
+A model folder holds ``config.json`` (the trainer's arguments; its ``config_path`` names the
+model config), ``char.dic`` and ``word.dic`` (``token<TAB>id`` lines), and ``token_embedder.pkl``
+and ``encoder.pkl``: torch state dicts, read with ``torch.load(weights_only=True)`` only, so a
+model file can hold tensors but never run code. The published models' ``config_path`` is
+``../configs/<name>.json`` (or a path on the authors' machine), a config that ships inside
+ELMoForManyLangs' package: elmokit ships copies (``manylangs_configs/``) and looks where its
+``Embedder`` looks: the path from the model folder, the file name in the folder, the copies.
+
+What differs from bilm-tf, and where it goes in elmokit's model (``ManyLangsBiLM``):
+- characters are code points numbered by ``char.dic``, not UTF-8 bytes; a token longer than
+  ``max_characters_per_token - 2`` code points keeps its first ones (its word is looked up
+  truncated too). A token is ``[<eow>, chars..., <bow>, <pad>...]``: ELMoForManyLangs swaps its
+  begin- and end-of-word ids, and the weights were trained so. Sentences are wrapped in the
+  tokens ``<bos>`` and ``<eos>`` (their own char.dic entries between the word markers), and a
+  token written ``<bos>`` or ``<eos>`` is one of them. Characters and words missing from the
+  dictionaries are ``<oov>``. Ids are shifted by +1 (0 = no token) with a zero row added in
+  front of each embedding, as elmokit's inputs are.
+- the token encoder (``TokenEncoder`` with ``padding_id``, ``word_embedding``,
+  ``always_project``): char CNN (the ``<pad>`` character's embedding takes part in the
+  max-pool), highway layers (AllenNLP's gate, which multiplies the input: its rows are negated
+  into elmokit's carry gate), an optional word embedding concatenated before the highway output,
+  and a projection that is always there.
+- the LSTM is AllenNLP's ``LstmCellWithProjection`` (``BiLstm``): gates i, f, g, o (reordered to
+  elmokit's i, j, f, o), the bias on the hidden side, no forget bias added at run time (1.0 is
+  taken off the stored bias, which elmokit's cell adds back), cell and projection clips (0 = none),
+  skip connections from the second layer on, always a projection.
+- layers for downstream use: the token vector doubled, [x; x], then [forward; backward] per LSTM
+  layer, as elmokit's; ``sents2elmo(..., output_layer)``: -2 all layers, -1 their average, k
+  layer k (``ManyLangsEmbedder``).
+- its ``Embedder`` never resets its encoder: batch row r starts from the state row r reached in
+  the previous batch, from call to call (AllenNLP's ``_EncoderBase``). ``stateful=True`` gives
+  exactly that (``StatefulBiLM``); elmokit's ``Embedder(mode="stateful")`` carries states the same
+  way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .bilm import BiLM, StatefulBiLM
+from .char_cnn import TokenEncoder
+from .characters import check_token_lists
+from .lstm import FORGET_BIAS
+from .options import BiLMOptions, CharCNNOptions, LstmOptions, OptionsError, _integer, _shown
+
+__all__ = [
+    "ManyLangsBiLM",
+    "ManyLangsEmbedder",
+    "ManyLangsError",
+    "StatefulManyLangsBiLM",
+    "is_manylangs_folder",
+    "load_manylangs",
+]
+
+CONFIGS_DIR = Path(__file__).parent / "manylangs_configs"  # copies of the configs of its package
+REQUIRED_FILES = ("config.json", "char.dic", "token_embedder.pkl", "encoder.pkl")  # + word.dic
+MODEL_FILES = ("char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")
+BOUNDARY_TOKENS = ("<bos>", "<eos>")
+CHAR_SPECIALS = ("<bos>", "<eos>", "<oov>", "<pad>", "<bow>", "<eow>")
+WORD_SPECIALS = ("<oov>", "<pad>")
+# Every token of a batch, <bos> and <eos> included, must fit with its word markers.
+MIN_CHARACTERS_PER_TOKEN = len("<bos>") + 2
+
+
+class ManyLangsError(ValueError):
+    """An ELMoForManyLangs model file that cannot be used, named with the reason."""
+
+
+# -- what a folder holds ---------------------------------------------------------------------
+def is_manylangs_folder(path: Path) -> bool:
+    """Whether ``path`` is an ELMoForManyLangs model folder: a ``config.json`` (and no bilm-tf
+    ``options.json``) beside at least one of its model files; ``load_manylangs`` names any file
+    that is missing."""
+    path = Path(path)
+    if not path.is_dir() or not (path / "config.json").is_file() or (path / "options.json").exists():
+        return False
+    return any((path / name).is_file() for name in MODEL_FILES)
+
+
+def model_config_file(folder: Path) -> Path:
+    """The model config that ``config.json``'s ``config_path`` names, where ELMoForManyLangs'
+    Embedder finds it: relative to the folder (or absolute), its file name in the folder, or its
+    file name among the configs of ELMoForManyLangs' package (copied into elmokit)."""
+    path = folder / "config.json"
+    settings = _read_json(path)
+    config_path = settings.get("config_path") if isinstance(settings, dict) else None
+    if not isinstance(config_path, str) or not config_path:
+        raise ManyLangsError(f'{path}: expected a JSON object with a "config_path" string')
+    name = config_path.replace("\\", "/").rsplit("/", 1)[-1]
+    for candidate in (folder / config_path, folder / name, CONFIGS_DIR / name):
+        if name and candidate.is_file():
+            return candidate
+    shipped = ", ".join(sorted(p.name for p in CONFIGS_DIR.glob("*.json")))
+    raise FileNotFoundError(
+        f"{path}: its model config {config_path!r} is neither at that path from {folder}, nor in "
+        f"the folder, nor one of ELMoForManyLangs' configs ({shipped})"
+    )
+
+
+@dataclass(frozen=True)
+class ManyLangsConfig:
+    """What a model config says: elmokit options (``n_characters`` still without the char
+    dictionary: set by the loader), the word embedding's size (0: none)."""
+
+    options: BiLMOptions
+    word_dim: int
+    source: Path
+
+
+def read_model_config(path: Path) -> ManyLangsConfig:
+    """Check and read a model config (``encoder`` "elmo", ``token_embedder`` "cnn"); errors
+    name the field and the value found."""
+    config = _read_json(path)
+    source = str(path)
+    if not isinstance(config, dict):
+        raise OptionsError(f"{source}: expected a JSON object")
+    encoder, embedder = _section(config, "encoder", source), _section(config, "token_embedder", source)
+    for section, field, wanted in ((encoder, "encoder", "elmo"), (embedder, "token_embedder", "cnn")):
+        name = section.get("name")
+        if not isinstance(name, str) or name.lower() != wanted:
+            raise OptionsError(
+                f"{source}: {field}.name must be {wanted!r} (the only kind elmokit reads, that of the "
+                f"published models), got {_shown(name)}"
+            )
+
+    def integer(section: dict[str, Any], where: str, field: str, low: int = 1, why: str = "") -> int:
+        if field not in section:
+            raise OptionsError(f"{source}: missing required field '{where}.{field}'")
+        return _integer(section[field], source, f"{where}.{field}", low=low, why=why)
+
+    char_dim = integer(
+        embedder, "token_embedder", "char_dim", why=" (a model without characters is not supported)"
+    )
+    filters = embedder.get("filters")
+    problem = (
+        f"{source}: token_embedder.filters must be a non-empty list of [width, n_filters] pairs of "
+        f"positive integers, got {_shown(filters)}"
+    )
+    if not isinstance(filters, list) or not filters:
+        raise OptionsError(problem)
+    pairs = []
+    for pair in filters:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise OptionsError(problem)
+        try:
+            pairs.append((_integer(pair[0], source, "width"), _integer(pair[1], source, "n_filters")))
+        except OptionsError:
+            raise OptionsError(problem) from None
+    activation = embedder.get("activation")
+    if activation not in ("relu", "tanh"):
+        raise OptionsError(
+            f"{source}: token_embedder.activation must be relu or tanh, got {_shown(activation)}"
+        )
+    max_chars = integer(
+        embedder,
+        "token_embedder",
+        "max_characters_per_token",
+        low=MIN_CHARACTERS_PER_TOKEN,
+        why=" (<bos> and its word markers)",
+    )
+    if max(width for width, _ in pairs) > max_chars:
+        raise OptionsError(
+            f"{source}: a filter is wider ({max(w for w, _ in pairs)}) than max_characters_per_token "
+            f"({max_chars})"
+        )
+    char_cnn = CharCNNOptions(
+        embedding_dim=char_dim,
+        filters=tuple(pairs),
+        n_highway=integer(embedder, "token_embedder", "n_highway", low=0),
+        activation=activation,
+        n_characters=1,  # the char dictionary's size + 1, set when it is read
+        max_characters_per_token=max_chars,
+    )
+    lstm = LstmOptions(
+        dim=integer(encoder, "encoder", "dim"),
+        projection_dim=integer(encoder, "encoder", "projection_dim"),
+        n_layers=integer(encoder, "encoder", "n_layers"),
+        cell_clip=_clip(encoder.get("cell_clip"), source, "encoder.cell_clip"),
+        proj_clip=_clip(encoder.get("proj_clip"), source, "encoder.proj_clip"),
+        use_skip_connections=True,
+        always_project=True,
+    )
+    word_dim = integer(embedder, "token_embedder", "word_dim", low=0)
+    return ManyLangsConfig(BiLMOptions(lstm=lstm, char_cnn=char_cnn), word_dim, path)
+
+
+def read_dictionary(path: Path) -> dict[str, int]:
+    """``token<TAB>id`` lines, read as ELMoForManyLangs reads them: each line stripped of
+    surrounding whitespace (Unicode line breaks end lines), a line with one field is the
+    ideographic space U+3000 (the token of a whitespace character was stripped away), a later
+    line of the same token wins."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ManyLangsError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    entries: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.strip().split("\t")
+        if len(fields) == 1:
+            fields.insert(0, "\u3000")
+        if len(fields) != 2:
+            raise ManyLangsError(f"{path}: line {number} has {len(fields)} tab-separated fields, expected 2")
+        try:
+            entries[fields[0]] = int(fields[1])
+        except ValueError:
+            raise ManyLangsError(f"{path}: line {number}: the id {fields[1]!r} is not an integer") from None
+    return entries
+
+
+# -- token -> ids ----------------------------------------------------------------------------
+class Vocabulary:
+    """ELMoForManyLangs' char and word dictionaries: tokens -> input ids (n_tokens, max_chars
+    [+ 1 word id]), shifted by +1 (0 = no token), as ``ManyLangsBiLM`` reads them."""
+
+    def __init__(self, chars: dict[str, int], words: dict[str, int] | None, max_chars: int) -> None:
+        self.chars, self.words, self.max_chars = chars, words, max_chars
+        # ELMoForManyLangs' create_one_batch: `bow_id, eow_id = char2id['<eow>'], char2id['<bow>']`
+        self.begin, self.end = chars["<eow>"], chars["<bow>"]
+        self.char_oov, self.char_pad = chars["<oov>"], chars["<pad>"]
+        self.word_oov = None if words is None else words["<oov>"]
+        self.width = max_chars + (words is not None)
+
+    def token_ids(self, tokens: Sequence[str]) -> torch.Tensor:
+        """LongTensor (n_tokens, width): each token's shifted char ids [, word id]."""
+        rows = []
+        chars, oov, limit = self.chars, self.char_oov, self.max_chars - 2
+        for token in tokens:
+            if not isinstance(token, str):
+                raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
+            token = token[:limit]
+            body = [chars[token]] if token in BOUNDARY_TOKENS else [chars.get(c, oov) for c in token]
+            row = [self.begin, *body, self.end] + [self.char_pad] * (limit - len(body))
+            if self.words is not None:
+                row.append(self.words.get(token, self.word_oov))
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.long).reshape(len(rows), self.width) + 1
+
+
+# -- the model -------------------------------------------------------------------------------
+class ManyLangsBiLM(BiLM):
+    """An ELMoForManyLangs biLM: elmokit's ``BiLM`` with ELMoForManyLangs' inputs (its
+    ``token_ids`` and ``batch_to_ids`` use the model's dictionaries) and token encoder (optional
+    word embedding, always a projection). ``load_manylangs`` builds one from a model folder."""
+
+    boundary_tokens = BOUNDARY_TOKENS
+    _IDS_FROM = "the model's own batch_to_ids (bilm.batch_to_ids(sentences))"
+
+    def __init__(self, options: BiLMOptions, vocabulary: Vocabulary, word_dim: int = 0) -> None:
+        # set before BiLM.__init__, which builds the token encoder and the boundary ids from them
+        self.vocabulary, self.word_dim = vocabulary, word_dim
+        super().__init__(options)
+
+    def _make_token_encoder(self, options: BiLMOptions) -> TokenEncoder:
+        vocabulary = self.vocabulary
+        words = None if vocabulary.words is None else (_rows(vocabulary.words) + 1, self.word_dim)
+        return TokenEncoder(
+            options.char_cnn,
+            options.lstm.projection_dim,
+            padding_id=vocabulary.char_pad + 1,
+            word_embedding=words,
+            always_project=True,
+        )
+
+    def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
+        """Input ids (n_tokens, max_chars [+ 1]) from the model's dictionaries (see ``Vocabulary``)."""
+        return self.vocabulary.token_ids(tokens)
+
+    def save(self, options_file: str | Path, weight_file: str | Path) -> None:
+        raise ValueError(
+            "an ELMoForManyLangs model cannot be written in bilm-tf's layout (its characters are "
+            "numbered by its own char.dic, which options.json cannot say)"
+        )
+
+
+class StatefulManyLangsBiLM(ManyLangsBiLM, StatefulBiLM):
+    """An ELMoForManyLangs biLM that carries each batch row's states into the next call, as
+    its own ``Embedder`` does (``StatefulBiLM``; ``reset_states()`` starts again from zeros)."""
+
+
+def load_manylangs(folder: Path, stateful: bool = False) -> BiLM:
+    """An ELMoForManyLangs model folder as an elmokit biLM (a ``ManyLangsBiLM``, a
+    ``StatefulManyLangsBiLM`` with ``stateful=True``), in eval mode. Errors are one line: a
+    missing file is named, as is a weight, dictionary entry or config field that does not fit."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no ELMoForManyLangs model folder {folder}")
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"ELMoForManyLangs model folder {folder} has no {', '.join(missing)}")
+    config = read_model_config(model_config_file(folder))
+    chars = _dictionary(folder / "char.dic", CHAR_SPECIALS)
+    words = None
+    if config.word_dim > 0:
+        if not (folder / "word.dic").is_file():
+            raise FileNotFoundError(
+                f"ELMoForManyLangs model folder {folder} has no word.dic (its config {config.source.name} "
+                f"has word_dim {config.word_dim})"
+            )
+        words = _dictionary(folder / "word.dic", WORD_SPECIALS)
+    cnn = replace(config.options.char_cnn, n_characters=_rows(chars) + 1)
+    options = replace(config.options, char_cnn=cnn)
+    token_embedder = _state_dict(folder / "token_embedder.pkl", _token_embedder_shapes(config))
+    encoder = _state_dict(folder / "encoder.pkl", _encoder_shapes(config))
+    _check_rows(folder / "char.dic", chars, token_embedder["char_emb_layer.embedding.weight"], "char")
+    if words is not None:
+        _check_rows(folder / "word.dic", words, token_embedder["word_emb_layer.embedding.weight"], "word")
+    vocabulary = Vocabulary(chars, words, cnn.max_characters_per_token)
+    bilm = (StatefulManyLangsBiLM if stateful else ManyLangsBiLM)(options, vocabulary, config.word_dim)
+    _copy_weights(bilm, token_embedder, encoder)
+    return bilm.eval()
+
+
+# -- weights ---------------------------------------------------------------------------------
+def _token_embedder_shapes(config: ManyLangsConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors token_embedder.pkl must hold (ConvTokenEmbedder's names) and their shapes;
+    embedding rows are -1 (the dictionary's size, checked with it)."""
+    cnn = config.options.char_cnn
+    n_filters = cnn.n_filters
+    shapes: dict[str, tuple[int, ...]] = {}
+    if config.word_dim > 0:
+        shapes["word_emb_layer.embedding.weight"] = (-1, config.word_dim)
+    shapes["char_emb_layer.embedding.weight"] = (-1, cnn.embedding_dim)
+    for k, (width, n) in enumerate(cnn.filters):
+        shapes[f"convolutions.{k}.weight"] = (n, cnn.embedding_dim, width)
+        shapes[f"convolutions.{k}.bias"] = (n,)
+    for k in range(cnn.n_highway):
+        shapes[f"highways._layers.{k}.weight"] = (2 * n_filters, n_filters)
+        shapes[f"highways._layers.{k}.bias"] = (2 * n_filters,)
+    projection_dim = config.options.lstm.projection_dim
+    shapes["projection.weight"] = (projection_dim, config.word_dim + n_filters)
+    shapes["projection.bias"] = (projection_dim,)
+    return shapes
+
+
+def _encoder_shapes(config: ManyLangsConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors encoder.pkl must hold (ElmobiLm's names) and their shapes."""
+    lstm = config.options.lstm
+    shapes: dict[str, tuple[int, ...]] = {}
+    for k in range(lstm.n_layers):
+        for direction in ("forward", "backward"):
+            cell = f"{direction}_layer_{k}"
+            shapes[f"{cell}.input_linearity.weight"] = (4 * lstm.dim, lstm.projection_dim)
+            shapes[f"{cell}.state_linearity.weight"] = (4 * lstm.dim, lstm.projection_dim)
+            shapes[f"{cell}.state_linearity.bias"] = (4 * lstm.dim,)
+            shapes[f"{cell}.state_projection.weight"] = (lstm.projection_dim, lstm.dim)
+    return shapes
+
+
+def _state_dict(path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """A torch state dict read with ``weights_only=True`` (tensors and plain containers only,
+    never code), holding exactly the tensors of ``shapes`` (-1: any size), finite, as float32."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds for a file it cannot read
+        raise ManyLangsError(
+            f"{path}: not a torch state dict that loads with weights_only=True (elmokit never runs "
+            f"code from a model file): {_first_line(err)}"
+        ) from None
+    if not isinstance(state, dict):
+        raise ManyLangsError(
+            f"{path}: expected a state dict (names -> tensors), found {type(state).__name__}"
+        )
+    unexpected = [key for key in state if key not in shapes]
+    missing = [key for key in shapes if key not in state]
+    if missing or unexpected:
+        what = f"no {missing[0]!r}" if missing else f"an unexpected entry {unexpected[0]!r}"
+        raise ManyLangsError(f"{path}: has {what} for the model its config describes")
+    tensors = {}
+    for key, shape in shapes.items():
+        value = state[key]
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            kind = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ManyLangsError(f"{path}: {key} is {kind}, not a floating-point tensor")
+        if value.dim() != len(shape) or any(want not in (-1, got) for want, got in zip(shape, value.shape)):
+            expected = "(" + ", ".join("n" if d == -1 else str(d) for d in shape) + ")"
+            raise ManyLangsError(f"{path}: {key} has shape {tuple(value.shape)}, the config gives {expected}")
+        if not bool(torch.isfinite(value).all()):
+            raise ManyLangsError(f"{path}: {key} holds NaN or infinity")
+        tensors[key] = value.float()
+    return tensors
+
+
+def _check_rows(path: Path, entries: dict[str, int], embedding: torch.Tensor, what: str) -> None:
+    """The embedding has a row for each entry (ELMoForManyLangs sizes it by the dictionary) and
+    every id is one of its rows."""
+    rows = embedding.shape[0]
+    if rows != _rows(entries):
+        raise ManyLangsError(
+            f"{path}: {len(entries)} entries (ids up to {_rows(entries) - 1}), but the {what} "
+            f"embedding has {rows} rows"
+        )
+
+
+def _copy_weights(
+    bilm: ManyLangsBiLM, embedder: dict[str, torch.Tensor], encoder: dict[str, torch.Tensor]
+) -> None:
+    """ELMoForManyLangs' tensors into elmokit's layout (see the module docstring)."""
+    tokens = bilm.token_encoder
+    dim = bilm.options.lstm.dim
+    with torch.no_grad():
+        tokens.char_cnn.embedding.weight.copy_(_with_zero_row(embedder["char_emb_layer.embedding.weight"]))
+        if tokens.word_embedding is not None:
+            tokens.word_embedding.weight.copy_(_with_zero_row(embedder["word_emb_layer.embedding.weight"]))
+        for k, conv in enumerate(tokens.char_cnn.convolutions):
+            conv.weight.copy_(embedder[f"convolutions.{k}.weight"])
+            conv.bias.copy_(embedder[f"convolutions.{k}.bias"])
+        n = tokens.char_cnn.output_dim
+        for k, (carry, transform) in enumerate(zip(tokens.highway.carry, tokens.highway.transform)):
+            # AllenNLP: y = g * x + (1 - g) * relu(W[:n] x), g = sigmoid(W[n:] x); elmokit's carry
+            # gate multiplies the transform: 1 - sigmoid(z) = sigmoid(-z)
+            weight, bias = embedder[f"highways._layers.{k}.weight"], embedder[f"highways._layers.{k}.bias"]
+            transform.weight.copy_(weight[:n])
+            transform.bias.copy_(bias[:n])
+            carry.weight.copy_(-weight[n:])
+            carry.bias.copy_(-bias[n:])
+        assert tokens.projection is not None
+        tokens.projection.weight.copy_(embedder["projection.weight"])
+        tokens.projection.bias.copy_(embedder["projection.bias"])
+        for k, layer in enumerate(bilm.lstm.layers):
+            for d, direction in enumerate(("forward", "backward")):
+                cell = f"{direction}_layer_{k}"
+                layer.weight_input[d].copy_(_gates(encoder[f"{cell}.input_linearity.weight"]).T)
+                layer.weight_hidden[d].copy_(_gates(encoder[f"{cell}.state_linearity.weight"]).T)
+                bias = _gates(encoder[f"{cell}.state_linearity.bias"])
+                bias[2 * dim : 3 * dim] -= FORGET_BIAS  # elmokit's cell adds it back
+                layer.bias[d].copy_(bias)
+                assert layer.weight_projection is not None
+                layer.weight_projection[d].copy_(encoder[f"{cell}.state_projection.weight"].T)
+
+
+def _gates(tensor: torch.Tensor) -> torch.Tensor:
+    """AllenNLP's gate blocks (i, f, g, o) along dim 0 -> elmokit's (i, j = g, f, o)."""
+    i, f, g, o = tensor.chunk(4, dim=0)
+    return torch.cat([i, g, f, o])
+
+
+def _with_zero_row(embedding: torch.Tensor) -> torch.Tensor:
+    return torch.cat([embedding.new_zeros(1, embedding.shape[1]), embedding])
+
+
+# -- ELMoForManyLangs' Embedder ----------------------------------------------------------------
+class ManyLangsEmbedder:
+    """ELMoForManyLangs' ``Embedder(model_dir, batch_size=64)`` on elmokit, with its numbers:
+    ``sents2elmo(sents, output_layer=-1)`` returns one float32 array per sentence, in input
+    order: (num_layers, n_tokens, dim) for ``output_layer=-2``, their average (n_tokens, dim) for
+    -1, layer k for k (0 = the token layer [x; x]).
+
+    As ELMoForManyLangs does, each call sorts its sentences by length (longest first, stable),
+    cuts them into batches of ``batch_size`` and carries each batch row's LSTM states into the
+    next batch, from call to call (``reset_states()`` starts again from zeros); an empty
+    sentence or token is embedded as it does (a sentence of ``<bos> <eos>`` gives an array of no
+    tokens and still moves its row's state). ELMoForManyLangs runs a call's batches in an order
+    drawn with ``random.shuffle``; here they run longest first, so a call of more than
+    ``batch_size`` sentences gives its numbers for that batch order (one batch: always).
+    """
+
+    def __init__(
+        self, model_dir: str | Path, batch_size: int = 64, device: str | torch.device | None = None
+    ) -> None:
+        from .devices import resolve_device
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        bilm = load_manylangs(Path(model_dir), stateful=True)
+        assert isinstance(bilm, StatefulManyLangsBiLM)
+        self.bilm = bilm
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.bilm.to(resolve_device(device))
+        self.batch_size = batch_size
+
+    def reset_states(self) -> None:
+        """Forget the carried states (the next batch starts from zeros)."""
+        self.bilm.reset_states()
+
+    @torch.inference_mode()
+    def sents2elmo(self, sents: Sequence[Sequence[str]], output_layer: int = -1) -> list[np.ndarray]:
+        check_token_lists(sents)
+        if len(sents) == 0:
+            raise ValueError("empty sentence list: give at least one sentence")
+        n_layers = self.bilm.num_layers
+        if (
+            isinstance(output_layer, bool)
+            or not isinstance(output_layer, int)
+            or not -2 <= output_layer < n_layers
+        ):
+            raise ValueError(
+                f"output_layer must be -2 (all layers), -1 (their average) or a layer 0..{n_layers - 1}, "
+                f"got {output_layer!r}"
+            )
+        order = sorted(range(len(sents)), key=lambda i: -len(sents[i]))
+        device = self.bilm._boundary_ids.device
+        results: list[np.ndarray] = [np.empty(0)] * len(sents)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            out = self.bilm(self.bilm.batch_to_ids([sents[i] for i in rows]).to(device))
+            layers = out.layers.float().cpu().numpy()
+            for row, i in enumerate(rows):
+                data = layers[:, row, : len(sents[i])]
+                if output_layer == -1:
+                    data = data.mean(axis=0)  # what np.average(data, axis=0) computes
+                elif output_layer >= 0:
+                    data = data[output_layer]
+                results[i] = np.ascontiguousarray(data)
+        return results
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ManyLangsError(f"{path}: not valid JSON ({err})") from None
+
+
+def _section(config: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    if not isinstance(config.get(name), dict):
+        raise OptionsError(f"{source}: missing required object {name!r}")
+    return config[name]
+
+
+def _clip(value: Any, source: str, name: str) -> float | None:
+    """A clip as ELMoForManyLangs reads it: absent, null, false or 0 = no clipping."""
+    if value is None or value is False or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise OptionsError(
+            f"{source}: {name} must be a positive number (or 0 for no clipping), got {_shown(value)}"
+        )
+    return float(value)
+
+
+def _dictionary(path: Path, specials: tuple[str, ...]) -> dict[str, int]:
+    entries = read_dictionary(path)
+    absent = [token for token in specials if token not in entries]
+    if absent:
+        raise ManyLangsError(f"{path}: has no entry for {', '.join(absent)}")
+    negative = next((token for token, i in entries.items() if i < 0), None)
+    if negative is not None:
+        raise ManyLangsError(f"{path}: {negative!r} has a negative id ({entries[negative]})")
+    return entries
+
+
+def _rows(entries: dict[str, int]) -> int:
+    """The embedding rows a dictionary needs: ELMoForManyLangs makes one per entry, and every id
+    must be one of them."""
+    return max(len(entries), max(entries.values(), default=-1) + 1)
+
+
+def _first_line(err: BaseException) -> str:
+    """What torch's error says, in one line: the global it refused (without its advice to allow
+    it), else its first line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    refused = next((line for line in lines if "Unsupported global" in line), None)
+    if refused is not None:
+        return refused.split(" was not an allowed global")[0] + " is not allowed"
+    return lines[0] if lines else type(err).__name__

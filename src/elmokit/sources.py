@@ -1,0 +1,338 @@
+"""From what a user gives as a model to the local files: one resolver for every place that
+accepts a model (``Embedder(model=)``, ``Elmo``, the compat classes, every ``--model``).
+
+A model can be given as
+- a shipped model's name (``elmo-news-512``) or a known model's name (``elmokit models``: it is
+  downloaded into the cache on first use);
+- a model folder: ``options.json`` and one weight file (``weights.hdf5``, ``model.hdf5`` or
+  ``lm_weights.hdf5``, as publishers name them; else AllenNLP's ``*_options.json`` +
+  ``*_weights.hdf5``), or an ELMoForManyLangs folder;
+- a ``.zip`` archive (NLPL's layout), checked and unpacked safely into the cache, keyed by its
+  content;
+- an http(s) URL of such an archive (downloaded into the cache, keyed by the URL);
+- an options file and a weight file, each a path or a URL, as AllenNLP takes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import download
+from .archives import unpack_zip
+from .pretrained import MODELS_DIR, available_models
+
+if TYPE_CHECKING:
+    from .bilm import BiLM
+
+WEIGHT_NAMES = ("weights.hdf5", "model.hdf5", "lm_weights.hdf5")
+OPTIONS_NAME = "options.json"
+EXTRA_NAMES = {"vocab": ("vocab.txt", "vocab.txt.gz"), "softmax": ("softmax.hdf5",)}
+MANYLANGS_FILES = ("config.json", "char.dic", "encoder.pkl", "token_embedder.pkl")
+_IGNORED = ("__MACOSX",)
+_MAX_DEPTH = 3  # an archive or folder may hold the model a few single folders down
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are. ``kind``: "bilm" (options.json + HDF5 weights) or
+    "manylangs" (an ELMoForManyLangs folder: ``folder`` set, no options/weight file).
+    ``origin``: how it was given: "shipped", "registry", "folder", "archive", "url" or "files".
+    ``extras``: other files of the model found beside the weights ("vocab", "softmax")."""
+
+    spec: str
+    origin: str
+    kind: str
+    folder: Path | None
+    options_file: Path | None = None
+    weight_file: Path | None = None
+    extras: Mapping[str, Path] = field(default_factory=dict)
+    name: str | None = None
+
+    def files(self) -> tuple[Path, Path]:
+        """(options file, weight file); a ValueError for an ELMoForManyLangs model."""
+        if self.options_file is None or self.weight_file is None:
+            raise ValueError(
+                f"{self.spec} is an ELMoForManyLangs model (no options.json + weights): load it with "
+                "elmokit.load_bilm or give it as --model"
+            )
+        return self.options_file, self.weight_file
+
+
+def resolve_model(
+    spec: str | os.PathLike,
+    weight_file: str | os.PathLike | None = None,
+    *,
+    progress: bool | None = None,
+) -> ModelSource:
+    """The local files of a model given in any of the forms above (``weight_file`` given: ``spec``
+    is the options file). Downloads what is not cached unless ELMOKIT_OFFLINE=1; errors are one
+    line (FileNotFoundError, ValueError, DownloadError)."""
+    if spec is None:
+        raise ValueError("no model given")
+    if weight_file is not None:
+        return ModelSource(
+            spec=f"{_text(spec)} + {_text(weight_file)}",
+            origin="files",
+            kind="bilm",
+            folder=None,
+            options_file=resolve_file(spec, "options file", progress=progress),
+            weight_file=resolve_file(weight_file, "weight file", progress=progress),
+        )
+    text = _text(spec)
+    if download.is_url(text):
+        return _from_url(text, progress)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return _from_folder(path, text, "folder")
+    if path.is_file():
+        return _from_local_file(path, text)
+    if text in available_models():
+        return _from_folder(MODELS_DIR / text, text, "shipped", name=text)
+    from .registry import find
+
+    known = find(text)
+    if known is not None:
+        return _from_registry(known, text, progress)
+    raise FileNotFoundError(
+        f"no model folder, archive or known model {text!r}; shipped models: "
+        f"{', '.join(available_models())}; `elmokit models` lists the models elmokit can download"
+    )
+
+
+def resolve_file(path_or_url: str | os.PathLike, what: str, *, progress: bool | None = None) -> Path:
+    """One model file (``what``: "options file" or "weight file"): a local path that must be an
+    existing file, or a URL, downloaded into the cache (checked to be JSON or HDF5)."""
+    text = _text(path_or_url)
+    if download.is_url(text):
+        kind = {"options file": "json", "weight file": "hdf5"}.get(what)
+        return download.fetch(text, download.Expected(kind=kind), progress=progress)
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    if not path.is_file():
+        raise ValueError(f"{what} is not a file: {path}")
+    return path
+
+
+def load_bilm(
+    spec: str | os.PathLike | None = None,
+    weight_file: str | os.PathLike | None = None,
+    *,
+    stateful: bool = False,
+    progress: bool | None = None,
+) -> BiLM:
+    """A pretrained biLM, in eval mode, from a model given in any form ``resolve_model`` takes
+    (None: the default shipped model). ``stateful=True`` carries states between calls, as
+    bilm-tf and AllenNLP do."""
+    from .bilm import BiLM
+    from .pretrained import DEFAULT_MODEL
+
+    source = resolve_model(DEFAULT_MODEL if spec is None else spec, weight_file, progress=progress)
+    if source.kind == "manylangs":
+        try:
+            from .manylangs import load_manylangs
+        except ModuleNotFoundError as err:
+            if err.name != f"{__package__}.manylangs":
+                raise
+            raise ValueError("ELMoForManyLangs models are not supported yet") from None
+        return load_manylangs(source.folder, stateful=stateful)
+    return BiLM.load(*source.files(), stateful=stateful)
+
+
+def check_model(source: ModelSource) -> None:
+    """Check what can be checked without building the model: options.json parses and is valid,
+    the weight file is a safe, readable HDF5 file."""
+    if source.kind != "bilm":
+        return
+    from .options import BiLMOptions
+    from .weights import open_hdf5
+
+    options, weights = source.files()
+    BiLMOptions.from_file(options)
+    open_hdf5(weights).close()
+
+
+def download_model(spec: str, *, force: bool = False, progress: bool | None = None) -> list[str]:
+    """Download a known model (by name) or a URL into the cache and check it (``force``: even
+    if cached); returns lines saying where each file went."""
+    from .registry import find
+
+    if spec in available_models():
+        return [f"{spec} is shipped with elmokit ({MODELS_DIR / spec}); nothing to download"]
+    known = None if download.is_url(spec) else find(spec)
+    if known is None and not download.is_url(spec):
+        raise ValueError(
+            f"{spec!r} is neither a known model nor a URL; `elmokit models` lists the known models"
+        )
+    urls = [(f.url, f.expected) for f in known.files] if known else [(spec, download.Expected())]
+    name = known.name if known else None
+    paths = [download.fetch(u, e, force=force, progress=progress, name=name) for u, e in urls]
+    if known is None and download.sniff(paths[0]) != "zip":
+        return [f"{spec} -> {paths[0]}"]
+    source = resolve_model(spec, progress=progress)  # unpacks an archive
+    check_model(source)
+    name = name or spec
+    if source.folder is not None:
+        return [f"{name} -> {source.folder}"]
+    return [f"{name} options -> {source.options_file}", f"{name} weights -> {source.weight_file}"]
+
+
+# -- the forms -------------------------------------------------------------------------------
+def _text(value: str | os.PathLike) -> str:
+    text = os.fspath(value)
+    return os.fsdecode(text) if isinstance(text, bytes) else text
+
+
+def _from_url(url: str, progress: bool | None) -> ModelSource:
+    suffix = url.lower().split("?", 1)[0].rsplit("/", 1)[-1]
+    if suffix.endswith(".json"):
+        raise ValueError(f"{url} is an options file: give its weight file too (--options and --weights)")
+    if suffix.endswith((".hdf5", ".h5")):
+        raise ValueError(f"{url} is a weight file: give its options file too (--options and --weights)")
+    path = download.fetch(
+        url, download.Expected(kind="zip" if suffix.endswith(".zip") else None), progress=progress
+    )
+    found = download.sniff(path)
+    if found != "zip":
+        what = {"json": "an options file", "hdf5": "an HDF5 weight file"}.get(found, "not a model archive")
+        raise ValueError(f"{url} is {what}; give a .zip model archive, or --options and --weights")
+    return _from_archive(path, url, "url", path.parent / "unpacked")
+
+
+def _from_local_file(path: Path, text: str) -> ModelSource:
+    if download.sniff(path) == "zip":
+        key = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(download.CHUNK), b""):
+                key.update(chunk)
+        target = download.cache_dir() / "archives" / key.hexdigest()[:32] / "unpacked"
+        return _from_archive(path, text, "archive", target)
+    raise ValueError(
+        f"{path} is a file, not a model folder or .zip archive; an options file needs its weight "
+        "file too (--options and --weights)"
+    )
+
+
+def _from_archive(
+    archive: Path, spec: str, origin: str, target: Path, name: str | None = None
+) -> ModelSource:
+    try:
+        folder = unpack_zip(archive, target)
+    except PermissionError as err:
+        raise PermissionError(
+            f"cannot unpack {archive} into the cache {target.parent}: {err.strerror or err}; set "
+            f"{download.ENV_CACHE} to a writable folder"
+        ) from None
+    return _from_folder(folder, spec, origin, name=name, what="archive")
+
+
+def _from_registry(known, spec: str, progress: bool | None) -> ModelSource:
+    archive = known.archive
+    if archive is not None:
+        path = download.fetch(archive.url, archive.expected, progress=progress, name=known.name)
+        return _from_archive(path, spec, "registry", path.parent / "unpacked", name=known.name)
+    options, weights = (known.file(role) for role in ("options", "weights"))
+    return ModelSource(
+        spec=spec,
+        origin="registry",
+        kind="bilm",
+        folder=None,
+        options_file=download.fetch(options.url, options.expected, progress=progress, name=known.name),
+        weight_file=download.fetch(weights.url, weights.expected, progress=progress, name=known.name),
+        name=known.name,
+    )
+
+
+def is_manylangs_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds an ELMoForManyLangs model (elmokit.manylangs decides when it is
+    installed; else its four files)."""
+    try:
+        from .manylangs import is_manylangs_folder as decide
+    except ModuleNotFoundError as err:
+        if err.name != f"{__package__}.manylangs":
+            raise
+        return all((folder / name).is_file() for name in MANYLANGS_FILES)
+    return decide(folder)
+
+
+def _from_folder(
+    folder: Path, spec: str, origin: str, name: str | None = None, what: str = "model folder"
+) -> ModelSource:
+    top = folder
+    for _ in range(_MAX_DEPTH):
+        if is_manylangs_folder(folder):
+            return ModelSource(spec=spec, origin=origin, kind="manylangs", folder=folder, name=name)
+        entries = _listing(folder)
+        if any(p.is_file() for p in entries):
+            break
+        # a zip of a folder (SeqVec's uniref50_v2/, ELMoForManyLangs' en.model/): its one
+        # subfolder, or the one subfolder that holds a model (beside e.g. configs/)
+        subfolders = [p for p in entries if p.is_dir()]
+        if len(subfolders) > 1:
+            subfolders = [p for p in subfolders if _holds_model(p)]
+        if len(subfolders) != 1:
+            break
+        folder = subfolders[0]
+    names = {p.name for p in _listing(folder) if p.is_file()}
+    place = f"{what} {top}" + (f" ({folder.relative_to(top)})" if folder != top else "")
+    weights = [n for n in WEIGHT_NAMES if n in names]
+    if not weights:
+        weights = sorted(n for n in names if n.endswith(".hdf5") and "weights" in n)
+    if len(weights) > 1:
+        raise ValueError(
+            f"{place} has several weight files ({', '.join(weights)}): keep one, or give --options "
+            "and --weights"
+        )
+    options = OPTIONS_NAME if OPTIONS_NAME in names else None
+    if options is None:
+        candidates = sorted(n for n in names if n.endswith(".json") and "options" in n)
+        options = candidates[0] if len(candidates) == 1 else None
+    if options is None:
+        raise FileNotFoundError(f"{place} has no options.json ({_holds(folder)})")
+    if not weights:
+        raise FileNotFoundError(
+            f"{place} has no weights.hdf5, model.hdf5 or lm_weights.hdf5 ({_holds(folder)})"
+        )
+    extras = {
+        key: folder / found
+        for key, candidates in EXTRA_NAMES.items()
+        for found in [next((n for n in candidates if n in names), None)]
+        if found is not None
+    }
+    return ModelSource(
+        spec=spec,
+        origin=origin,
+        kind="bilm",
+        folder=folder,
+        options_file=folder / options,
+        weight_file=folder / weights[0],
+        extras=extras,
+        name=name,
+    )
+
+
+def _holds_model(folder: Path) -> bool:
+    if is_manylangs_folder(folder):
+        return True
+    names = {p.name for p in _listing(folder)}
+    return OPTIONS_NAME in names and any(n in names for n in WEIGHT_NAMES)
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.name not in _IGNORED)
+    except OSError as err:
+        raise OSError(f"cannot read the model folder {folder}: {err.strerror or err}") from None
+
+
+def _holds(folder: Path, shown: int = 8) -> str:
+    names = [p.name + ("/" if p.is_dir() else "") for p in _listing(folder)]
+    if not names:
+        return "it is empty"
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return f"it holds: {', '.join(names[:shown])}{more}"

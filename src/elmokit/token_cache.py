@@ -117,12 +117,13 @@ class EncodingCache(Generic[K]):
     dropped first, valid for the weights that computed them (see the module docstring).
 
     A lookup of fewer than ``min_keys`` keys computes them all and leaves the cache as it is:
-    comparing the weights costs about as much as encoding 10 to 20 tokens (the small and the
-    original model on 2 CPU cores), more than the 30-60% of so few keys found from earlier calls
-    would save (one sentence a call; benchmarks/results/kernels.md).
+    comparing the weights reads them twice, which costs more than the 40-60% of one sentence's
+    tokens found from earlier calls saves (small shape, one sentence a call, 2 threads: the cache
+    used from 32 distinct tokens was 5% slower than none, from 0 11% slower; from 64 it is
+    never used at batch 1; README "Fast variants").
     ``hits`` and ``misses`` count keys found and computed since the cache was last emptied."""
 
-    MIN_KEYS = 32
+    MIN_KEYS = 64
 
     def __init__(self, capacity: int, min_keys: int = MIN_KEYS) -> None:
         self.min_keys = min_keys

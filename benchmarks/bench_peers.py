@@ -158,6 +158,19 @@ def elmokit_side(bilm: elmokit.BiLM, case: str, batch_size: int) -> Embed:
     return one_at_a_time
 
 
+def run_cases(peers: dict[str, tuple[Embed, str]], bilm: elmokit.BiLM, sentences, args, pauser) -> list[dict]:
+    """Each of ``args.cases`` measured interleaved: the peer's call against elmokit's on the same
+    sentences; one result per case with both calls named."""
+    results = []
+    for case in args.cases:
+        embed, what = peers[case]
+        result = interleave(case, embed, elmokit_side(bilm, case, args.batch_size), sentences, args, pauser)
+        results.append(
+            {"peer_call": what, "elmokit_call": ELMOKIT_CALLS[case].format(size=args.batch_size), **result}
+        )
+    return results
+
+
 def length_sorted_batches(sentences: list[list[str]], size: int) -> list[list[list[str]]]:
     ordered = sorted(sentences, key=len, reverse=True)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
@@ -198,11 +211,7 @@ def run_allennlp(
             "ElmoEmbedder.embed_sentence (_ElmoBiLm), one sentence per call",
         ),
     }
-    results = []
-    for case in args.cases:
-        embed, what = peers[case]
-        result = interleave(case, embed, elmokit_side(bilm, case, size), sentences, args, pauser)
-        results.append({"peer_call": what, "elmokit_call": ELMOKIT_CALLS[case].format(size=size), **result})
+    results = run_cases(peers, bilm, sentences, args, pauser)
     return {
         "peer": "allennlp",
         "peer_version": "0.9.0 (its ELMo files, unchanged, from the wheel)",
@@ -298,11 +307,7 @@ def run_elmoformanylangs(
             "Embedder.sents2elmo([sentence], output_layer=-2), one sentence per call",
         ),
     }
-    results = []
-    for case in args.cases:
-        embed, what = peers[case]
-        result = interleave(case, embed, elmokit_side(bilm, case, size), sentences, args, pauser)
-        results.append({"peer_call": what, "elmokit_call": ELMOKIT_CALLS[case].format(size=size), **result})
+    results = run_cases(peers, bilm, sentences, args, pauser)
     return {
         "peer": "elmoformanylangs",
         "peer_version": version("elmoformanylangs"),

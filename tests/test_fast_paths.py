@@ -3,6 +3,7 @@ replace, and the switch that turns the kernels off."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -64,6 +65,32 @@ def test_lstm_without_autograd_equals_autograd(monkeypatch, group_elements, proj
     assert not out[:, :, 1].any() and torch.equal(final.h[:, :, 1], state.h[:, :, 1])
 
 
+@pytest.mark.parametrize("group_elements", [None, 1])
+@pytest.mark.parametrize("projection", [True, False])
+def test_lstm_inplace_kernel_equals_plain_steps(monkeypatch, group_elements, projection):
+    """Kernel ``lstm_inplace``: the same operations in the same order as the plain step, so the
+    same floats: outputs and final states of unsorted rows, rows of length 0, clips reached."""
+    if group_elements is not None:
+        monkeypatch.setattr(lstm, "INPUT_CHUNK_ELEMENTS", group_elements)
+    torch.manual_seed(0)
+    options = preset("tiny")["lstm"] | {"cell_clip": 0.5, "proj_clip": 0.2}
+    options |= {} if projection else {"projection_dim": 64}
+    model = lstm.BiLstm(16, LstmOptions(**options))
+    lengths = torch.tensor([3, 0, 9, 9, 1, 0, 5])
+    dim, proj = 64, model.options.projection_dim
+    x = torch.randn(2, 7, 9, 16) * 3
+    state = LstmState(torch.randn(2, 2, 7, proj), torch.randn(2, 2, 7, dim))
+    with torch.no_grad():
+        assert kernels.enabled("lstm_inplace")
+        fast, fast_final = model(x, lengths, state)
+        with kernels.disabled("lstm_inplace"):
+            plain, plain_final = model(x, lengths, state)
+    assert (fast_final.c.abs() == 0.5).any()  # the clips apply
+    assert (fast[0].abs() == 0.2).any() or not projection
+    for a, b in zip([fast, *fast_final], [plain, *plain_final]):
+        assert torch.equal(a, b)
+
+
 def test_window_matmul_equals_conv1d():
     """The unfolded-window matmul (kernel char_cnn_matmul) against conv1d."""
     torch.manual_seed(0)
@@ -77,6 +104,32 @@ def test_window_matmul_equals_conv1d():
             want = kernels.max_over_windows(x, weight, bias)
         torch.testing.assert_close(got, want, atol=1e-13, rtol=0)
         torch.testing.assert_close(want, torch.nn.functional.conv1d(x, weight, bias).amax(-1), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("matmul", [True, False])
+def test_max_over_windows_gradients_equal_amax_with_tied_padding_windows(matmul):
+    """With autograd the max keeps one index (a scatter backward); amax splits the gradient among
+    ties. Tied windows are padding windows with the same characters: the same gradients."""
+    torch.manual_seed(0)
+    embedding = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(1, 6, (30, 12))
+    ids[:, 4:] = 0  # short tokens: the rest is padding (character 0)
+    ids[3, :] = 0  # every window of a row equal
+    weight = torch.randn(8, 4, 3, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(30, 8, dtype=torch.float64)
+
+    def gradients(pool):
+        x = embedding[ids].transpose(1, 2)
+        return torch.autograd.grad((pool(x) * grad).sum(), [embedding, weight, bias])
+
+    with kernels.disabled() if not matmul else contextlib.nullcontext():
+        got = gradients(lambda x: kernels.max_over_windows(x, weight, bias))
+    want = gradients(lambda x: torch.nn.functional.conv1d(x, weight, bias).amax(-1))
+    ties = torch.nn.functional.conv1d(embedding[ids].transpose(1, 2), weight, bias).detach()
+    assert (ties == ties.amax(-1, keepdim=True)).sum(-1).max() > 1  # ties occur
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
 def test_inference_with_all_kernels_off_equals_on(tiny_sentences):

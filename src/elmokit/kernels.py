@@ -10,11 +10,13 @@ The kernels, by name (``enabled(name)``):
   plain form: ``cross_entropy`` over the concatenated logits.
 - ``token_cache``: token encodings kept across calls (``TokenEncoder``, the Embedder's
   ``TokenCache``; see ``token_cache``); plain form: every call encodes its tokens.
+- ``lstm_inplace``: without autograd, an LSTM layer's steps written into buffers made once per
+  call (``lstm_layer_inplace``); plain form: ``BiLstmLayer._step`` out of place, step by step.
 
 Each gives the values and gradients of its plain form up to float rounding
 (tests/test_fast_paths.py, tests/test_training_kernels.py), and each was kept because it is at
 least 5% faster somewhere (benchmarks/results/kernels.md; variants that were not, such as
-hand-written LSTM steps and backward passes, were removed). The switch: ``enabled()``,
+a hand-written LSTM backward pass, were removed). The switch: ``enabled()``,
 ``set_enabled(flag, *names)`` and ``with disabled(*names):``. The environment variable
 ``ELMOKIT_KERNELS`` sets it at import (``parse``): ``0`` (all off), ``1`` (all on, the default), a
 comma list of the names to turn on, or of names prefixed with ``-`` to turn off.
@@ -35,7 +37,7 @@ from torch import nn
 
 __all__ = ["NAMES", "disabled", "enabled", "needs_autograd", "parse", "set_enabled"]
 
-NAMES = ("char_cnn_matmul", "sampled_softmax", "token_cache")
+NAMES = ("char_cnn_matmul", "sampled_softmax", "token_cache", "lstm_inplace")
 ENVIRONMENT_VARIABLE = "ELMOKIT_KERNELS"
 
 
@@ -125,17 +127,28 @@ def max_over_windows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     """One convolution and its max over positions: x (n, char_dim, width), weight (n_filters,
     char_dim, filter_width), bias (n_filters,) -> (n, n_filters).
 
-    Plain form: ``conv1d(x, weight, bias).amax(-1)``. Kernel ``char_cnn_matmul``: up to
+    Plain form: ``conv1d(x, weight, bias)`` and its max (``_max``). Kernel ``char_cnn_matmul``: up to
     ``MATMUL_MAX_WIDTH`` characters (the short length buckets, most tokens) one matmul of the
     unfolded windows (n * positions, char_dim * filter_width) with the weight; over wider inputs
     ``conv1d`` is faster."""
     if x.shape[-1] > MATMUL_MAX_WIDTH or "char_cnn_matmul" not in _on:
-        return F.conv1d(x, weight, bias).amax(dim=-1)
-    n, char_dim, _ = x.shape
-    n_filters, _, filter_width = weight.shape
-    windows = x.unfold(2, filter_width, 1).permute(0, 2, 1, 3).reshape(-1, char_dim * filter_width)
-    out = torch.addmm(bias, windows, weight.view(n_filters, -1).t()).view(n, -1, n_filters)
-    return out.amax(dim=1)
+        out, dim = F.conv1d(x, weight, bias), -1
+    else:
+        n, char_dim, _ = x.shape
+        n_filters, _, filter_width = weight.shape
+        windows = x.unfold(2, filter_width, 1).permute(0, 2, 1, 3).reshape(-1, char_dim * filter_width)
+        out, dim = torch.addmm(bias, windows, weight.view(n_filters, -1).t()).view(n, -1, n_filters), 1
+    return _max(out, dim=dim)
+
+
+def _max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The max over the positions. With autograd, ``max`` with its index: its backward pass puts
+    the gradient at one position (a scatter), where ``amax``'s splits it among tied positions
+    (a comparison over all of them, 5% of a training step of the small preset). Tied windows
+    are windows of padding characters only, identical, so either gives the same gradients to
+    the filters and the embedding up to rounding (TensorFlow's gradient of reduce_max splits)."""
+    return x.max(dim=dim).values if x.requires_grad else x.amax(dim=dim)
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,3 +230,88 @@ class SampledLogPartition(torch.autograd.Function):
             None,
             None,
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# LSTM recurrence without autograd
+
+
+def lstm_layer_inplace(
+    inputs: torch.Tensor,
+    packing: Any,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    forget_bias: float,
+    clips: tuple[float | None, float | None],
+    group_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Kernel ``lstm_inplace``: ``BiLstmLayer.forward`` without autograd, the same operations in
+    the same order (so the same floats) as ``BiLstmLayer._step``, written into buffers.
+
+    inputs (2, n_packed, input_dim), packing (``lstm.Packing``), h0 (2, batch, proj), c0 (2,
+    batch, dim), weights = (weight_input, bias (2, 1, 4 * dim), weight_hidden, weight_projection
+    or None), clips = (cell_clip, proj_clip) -> packed outputs (2, n_packed, proj), final h and c
+    of each sorted row. Per step: the gates go to one scratch buffer and are activated in place;
+    the cell is updated in place in one (2, batch, dim) buffer (a row that has ended keeps its
+    last cell, which is then its final cell); h goes to a contiguous block of its own (a matmul
+    into a strided slice of the output does not take the threaded batched path), and the blocks
+    are concatenated into the output at the end. Views are made again only when the number of
+    rows changes. The input side of the gates of each group of steps goes to one buffer too (at the
+    original shape a group's is 8 MB, which a fresh allocation would fault in page by page)."""
+    w_input, bias, w_hidden, w_proj = weights
+    cell_clip, proj_clip = clips
+    sizes, offsets = packing.batch_sizes, packing.offsets
+    dim, proj = w_hidden.shape[-1] // 4, h0.shape[-1]
+    # step t's h: a contiguous block of its own, blocks in step order
+    running = [n for n in sizes if n > 0]
+    h_blocks = inputs.new_empty(2 * packing.size * proj).split([2 * n * proj for n in running])
+    c = c0.clone()
+    widest = sizes[0] if sizes else 0
+    gate_buffer = inputs.new_empty(2 * widest * 4 * dim)
+    forget = inputs.new_full((dim,), forget_bias)
+    views: dict[int, tuple[torch.Tensor, ...]] = {}
+    h_prev, n_prev = h0, h0.shape[1]
+    step_views = ()
+    outputs = []
+    projected_buffer = inputs.new_empty(0)  # the input side of a group's gates, reused
+    for start, end in packing.groups(group_rows):
+        rows = offsets[end] - offsets[start]
+        if projected_buffer.numel() < 2 * rows * 4 * dim:
+            projected_buffer = inputs.new_empty(2 * rows * 4 * dim)
+        projected = projected_buffer[: 2 * rows * 4 * dim].view(2, rows, 4 * dim)
+        torch.baddbmm(bias, inputs[:, offsets[start] : offsets[end]], w_input, out=projected)
+        for t, step_input in enumerate(projected.split(sizes[start:end], dim=1), start):
+            n = sizes[t]
+            if n != n_prev or not step_views:  # the row count changed: other views
+                if n not in views:
+                    views[n] = _gate_views(gate_buffer, c, n, dim)
+                step_views, h_prev, n_prev = views[n], h_prev[:, :n], n
+            gates, i, j, f, o, fo, c_t = step_views
+            torch.baddbmm(step_input, h_prev, w_hidden, out=gates)
+            f.add_(forget)
+            fo.sigmoid_()
+            c_t.mul_(f).addcmul_(i.sigmoid_(), j.tanh_())
+            if cell_clip is not None:
+                c_t.clamp_(-cell_clip, cell_clip)
+            h_t = h_blocks[t].view(2, n, proj)
+            if w_proj is not None:
+                torch.bmm(o.mul_(torch.tanh(c_t, out=j)), w_proj, out=h_t)
+            else:
+                torch.tanh(c_t, out=h_t).mul_(o)
+            if proj_clip is not None:
+                h_t.clamp_(-proj_clip, proj_clip)
+            outputs.append(h_t)
+            h_prev = h_t
+    out = torch.cat(outputs, dim=1) if outputs else inputs.new_zeros(2, 0, proj)
+    final_h = h0.clone()
+    ran = (packing.last >= 0).nonzero(as_tuple=True)[0]
+    if len(ran):
+        final_h[:, ran.to(h0.device)] = out[:, packing.last[ran].to(out.device)]
+    return out, final_h, c
+
+
+def _gate_views(gate_buffer: torch.Tensor, c: torch.Tensor, n: int, dim: int) -> tuple[torch.Tensor, ...]:
+    """gates (2, n, 4 * dim) in the scratch buffer, its i, j, f, o and (f, o) views, c[:, :n]."""
+    gates = gate_buffer[: 2 * n * 4 * dim].view(2, n, 4 * dim)
+    return (gates, *gates.chunk(4, dim=-1), gates[..., 2 * dim :], c[:, :n])

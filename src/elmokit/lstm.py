@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .kernels import needs_autograd
 from .options import LstmOptions
 
@@ -158,11 +159,18 @@ class BiLstmLayer(nn.Module):
         Each step's h and c are new tensors; the next step reads their first rows. The input
         side of the gates is computed for groups of steps: all at once with autograd (the
         backward pass keeps every step's gates anyway), else groups of at most
-        ``INPUT_CHUNK_ELEMENTS`` values, which bounds memory for long or large batches.
+        ``INPUT_CHUNK_ELEMENTS`` values, which bounds memory for long or large batches. Without
+        autograd the kernel ``lstm_inplace`` runs the same steps in buffers (same values).
         """
         sizes, offsets = packing.batch_sizes, packing.offsets
         grad = needs_autograd(self, inputs, h0, c0)
         group_rows = packing.size if grad else max(INPUT_CHUNK_ELEMENTS // (8 * self.dim), 1)
+        if not grad and kernels.enabled("lstm_inplace"):
+            weights = (self.weight_input, self.bias.unsqueeze(1), self.weight_hidden, self.weight_projection)
+            clips = (self.cell_clip, self.proj_clip)
+            return kernels.lstm_layer_inplace(
+                inputs, packing, h0, c0, weights, FORGET_BIAS, clips, group_rows
+            )
         bias = self.bias.unsqueeze(1)
         h, c = h0, c0
         outputs, ended_h, ended_c = [], [], []

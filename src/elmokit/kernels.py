@@ -150,7 +150,6 @@ def _max(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.max(dim=dim).values if x.requires_grad else x.amax(dim=dim)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Sampled softmax
 
@@ -257,7 +256,7 @@ def lstm_layer_inplace(
     last cell, which is then its final cell); h goes to a contiguous block of its own (a matmul
     into a strided slice of the output does not take the threaded batched path), and the blocks
     are concatenated into the output at the end. Views are made again only when the number of
-    rows changes. The input side of the gates of each group of steps goes to one buffer too (at the
+    rows drops. The input side of the gates of each group of steps goes to one buffer too (at the
     original shape a group's is 8 MB, which a fresh allocation would fault in page by page)."""
     w_input, bias, w_hidden, w_proj = weights
     cell_clip, proj_clip = clips
@@ -270,9 +269,7 @@ def lstm_layer_inplace(
     widest = sizes[0] if sizes else 0
     gate_buffer = inputs.new_empty(2 * widest * 4 * dim)
     forget = inputs.new_full((dim,), forget_bias)
-    views: dict[int, tuple[torch.Tensor, ...]] = {}
-    h_prev, n_prev = h0, h0.shape[1]
-    step_views = ()
+    h_prev, n_prev = h0, None
     outputs = []
     projected_buffer = inputs.new_empty(0)  # the input side of a group's gates, reused
     for start, end in packing.groups(group_rows):
@@ -283,11 +280,10 @@ def lstm_layer_inplace(
         torch.baddbmm(bias, inputs[:, offsets[start] : offsets[end]], w_input, out=projected)
         for t, step_input in enumerate(projected.split(sizes[start:end], dim=1), start):
             n = sizes[t]
-            if n != n_prev or not step_views:  # the row count changed: other views
-                if n not in views:
-                    views[n] = _gate_views(gate_buffer, c, n, dim)
-                step_views, h_prev, n_prev = views[n], h_prev[:, :n], n
-            gates, i, j, f, o, fo, c_t = step_views
+            if n != n_prev:  # rows only end (sizes do not increase): views for the n left
+                gates = gate_buffer[: 2 * n * 4 * dim].view(2, n, 4 * dim)
+                i, j, f, o = gates.chunk(4, dim=-1)
+                fo, c_t, h_prev, n_prev = gates[..., 2 * dim :], c[:, :n], h_prev[:, :n], n
             torch.baddbmm(step_input, h_prev, w_hidden, out=gates)
             f.add_(forget)
             fo.sigmoid_()
@@ -310,8 +306,3 @@ def lstm_layer_inplace(
         final_h[:, ran.to(h0.device)] = out[:, packing.last[ran].to(out.device)]
     return out, final_h, c
 
-
-def _gate_views(gate_buffer: torch.Tensor, c: torch.Tensor, n: int, dim: int) -> tuple[torch.Tensor, ...]:
-    """gates (2, n, 4 * dim) in the scratch buffer, its i, j, f, o and (f, o) views, c[:, :n]."""
-    gates = gate_buffer[: 2 * n * 4 * dim].view(2, n, 4 * dim)
-    return (gates, *gates.chunk(4, dim=-1), gates[..., 2 * dim :], c[:, :n])

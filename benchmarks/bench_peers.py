@@ -26,8 +26,8 @@ the first ``--n-sentences`` non-empty lines of FILE (whitespace tokens):
   runs its own "original" preset with random weights, and says so. Run the script with the
   python of a venv that has ELMoForManyLangs (torch 2.13.0, ``elmoformanylangs==0.0.4.post2``
   installed with ``--no-deps``, ``overrides==3.1.0``, h5py, and elmokit: ``pip install -e .``).
-- ``bilm-tf`` (training): needs TensorFlow; this script has no runner for it yet, so it prints a
-  skip line either way.
+- ``bilm-tf`` is a training peer: ``benchmarks/bench_train_peer.py`` measures it; here it prints
+  a skip line that says so.
 
 elmokit runs ``Embedder.embed_sentences`` (batch_size ``--batch-size``) or
 ``Embedder.embed_sentence``, default mode (warm: zero states, as the random models have no start
@@ -342,12 +342,10 @@ def unavailable(peer: str, args: argparse.Namespace) -> str | None:
                 "elmoformanylangs ..."
             )
         return None
-    if importlib.util.find_spec("tensorflow") is None:
-        return (
-            "bilm-tf training needs TensorFlow (bilm-tf runs on 2.x through tf.compat.v1), which this "
-            "python cannot import; this script has no bilm-tf runner yet either"
-        )
-    return "bilm-tf training: TensorFlow is importable, but this script has no bilm-tf runner yet"
+    return (
+        "bilm-tf is compared in training: python benchmarks/bench_train_peer.py --bilm-tf PATH "
+        "(with TensorFlow installed)"
+    )
 
 
 RUNNERS = {"allennlp": run_allennlp, "elmoformanylangs": run_elmoformanylangs}

@@ -20,7 +20,9 @@ the Trainer counts); "tok/s" includes the data time, "step tok/s" does not.
 ``--precisions bf16`` uses TrainConfig.precision="bf16" (the Trainer's own autocast of the
 forward pass; nothing is added here). ``--devices cuda`` prints "skipped: no CUDA" without one.
 ``--profile`` adds a torch.profiler run of 3 steps (after the timed ones) for the small preset on
-the first device/precision and prints the top 10 ops by self CPU time.
+the first device/precision and prints the top 10 ops by self CPU time, and the GFLOP per step
+of the ops the profiler counts FLOPs of (the matmuls, not the convolutions) with the least time
+they need at the measured matmul rate: a floor under the step time.
 
 ``--kernels`` sets ``ELMOKIT_KERNELS`` for the workers (``on``, ``off``, or a value that
 ``elmokit.kernels.parse`` reads, e.g. ``--kernels=-sampled_softmax``). ``--compare-kernel NAME``
@@ -166,7 +168,8 @@ def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dict[str, Any]:
-    """torch.profiler over ``steps`` Trainer steps: top 10 ops by self CPU time."""
+    """torch.profiler over ``steps`` Trainer steps: top 10 ops by self CPU time, and the FLOPs
+    of the ops the profiler counts (matmuls; convolutions are not counted)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -175,7 +178,7 @@ def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dic
         activities.append(ProfilerActivity.CUDA)
     inputs = [next(batches) for _ in range(steps)]
     start = time.perf_counter()
-    with torch_profile(activities=activities) as prof:
+    with torch_profile(activities=activities, with_flops=True) as prof:
         for batch in inputs:
             trainer.step(batch)
         _sync(device)
@@ -198,6 +201,7 @@ def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dic
             for e in top
         ],
         "optimizer_ms_per_step": sum(e.cpu_time_total for e in optimizer) / 1000 / steps,
+        "counted_gflop_per_step": sum(e.flops for e in averages) / 1e9 / steps,
     }
 
 
@@ -429,6 +433,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"{prof['optimizer_ms_per_step']:.0f} ms/step; top 10 ops by self CPU time:"
             )
             print(prof["table"])
+            print(
+                f"FLOPs the profiler counts (matmul ops; not the char CNN's convolutions): "
+                f"{prof['counted_gflop_per_step']:.1f} GFLOP/step, at least "
+                f"{1000 * prof['counted_gflop_per_step'] / rate:.0f} ms/step at the matmul rate above"
+            )
     comparison = compare(results, settings, args.compare_kernel) if args.compare_kernel else []
     print(pauser.summary())
     if args.json:

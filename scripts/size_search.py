@@ -1,0 +1,175 @@
+"""Held-out perplexity per CPU hour for a few model sizes (issue: which size to train here).
+
+Each size trains from scratch with `elmokit train` on one thread. The run is stopped by SIGTERM
+(it checkpoints and exits) when the trainer's own CPU time reaches each budget in
+--cpu-minutes, is evaluated with `elmokit evaluate` in fresh processes, and resumed for the next
+budget. Sizes scale the LSTM width and every char-CNN filter count of --base-options by each
+factor in --scales (projection and depth stay).
+
+    python scripts/size_search.py --train 'corpus/*.txt' --vocab vocab.txt \
+        --base-options options.json --heldout reuters=valid.txt --heldout lm1b=news.en.heldout-00010 \
+        --scales 0.5,1,2 --cpu-minutes 12,25 --out runs/size-search
+
+Prints a table and writes OUT/size_search.json. Run it on an otherwise idle core: CPU seconds
+are counted, but a busy machine still slows memory-bound steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def scaled(options: dict, factor: float) -> dict:
+    """A copy of bilm-tf ``options`` with the LSTM width and filter counts times ``factor``."""
+    out = json.loads(json.dumps(options))
+    out["lstm"]["dim"] = int(round(options["lstm"]["dim"] * factor))
+    out["char_cnn"]["filters"] = [
+        [w, max(1, int(round(n * factor)))] for w, n in options["char_cnn"]["filters"]
+    ]
+    return out
+
+
+def n_parameters(options: dict, vocab_size: int) -> dict:
+    """Parameter counts of the encoder (char CNN + LSTMs) and of the softmax."""
+    cnn = options["char_cnn"]
+    n_filters = sum(n for _, n in cnn["filters"])
+    char = cnn["n_characters"] * cnn["embedding"]["dim"]
+    char += sum(w * cnn["embedding"]["dim"] * n + n for w, n in cnn["filters"])
+    char += cnn["n_highway"] * (2 * n_filters * n_filters + 2 * n_filters)
+    proj, dim, layers = options["lstm"]["projection_dim"], options["lstm"]["dim"], options["lstm"]["n_layers"]
+    char += n_filters * proj + proj
+    lstm = 2 * layers * (4 * dim * (proj + proj) + 4 * dim + dim * proj)
+    return {"encoder": char + lstm, "softmax": vocab_size * (proj + 1)}
+
+
+def train_until(cmd: list[str], budget_s: float, log: Path, env: dict) -> tuple[float, int]:
+    """Runs the trainer until it has used ``budget_s`` CPU seconds (or exits); returns its CPU
+    seconds and exit status."""
+    with log.open("a") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        used = 0.0
+        while proc.poll() is None:
+            try:
+                used = cpu_seconds(proc.pid)
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            if used >= budget_s:
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(2)
+        rc = proc.wait()
+    return used, rc
+
+
+def evaluate(save_dir: Path, heldout: str, out: Path, env: dict) -> float:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elmokit.cli",
+            "evaluate",
+            str(save_dir),
+            "--heldout",
+            heldout,
+            "--json",
+            str(out),
+            "--quiet",
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    return json.loads(out.read_text())["average"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--train", required=True)
+    p.add_argument("--vocab", required=True)
+    p.add_argument("--base-options", required=True, help="bilm-tf options JSON or a run's train_config.json")
+    p.add_argument("--heldout", action="append", required=True, help="NAME=FILE, repeatable")
+    p.add_argument("--scales", default="0.5,1,2")
+    p.add_argument("--cpu-minutes", default="12,25", help="trainer CPU minutes at which to evaluate")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--n-negative-samples", type=int, default=8192)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    base = json.loads(Path(args.base_options).read_text())
+    base = base.get("options", base)
+    heldout = dict(h.split("=", 1) for h in args.heldout)
+    budgets = [float(m) * 60 for m in args.cpu_minutes.split(",")]
+    vocab_size = sum(1 for _ in open(args.vocab, encoding="utf-8"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    results_path = out / "size_search.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+
+    sizes = []
+    for factor in [float(s) for s in args.scales.split(",")]:
+        options = scaled(base, factor)
+        name = f"lstm{options['lstm']['dim']}-cnn{sum(n for _, n in options['char_cnn']['filters'])}"
+        options_file = out / f"{name}.json"
+        options_file.write_text(json.dumps(options, indent=1))
+        results.setdefault(name, {"scale": factor, "params": n_parameters(options, vocab_size), "points": []})
+        sizes.append((name, options_file))
+
+    def save() -> None:
+        results_path.write_text(json.dumps(results, indent=1))
+
+    for budget in budgets:  # every size to a budget before any goes further
+        for name, options_file in sizes:
+            run, points = out / name, results[name]["points"]
+            point = next((pt for pt in points if round(pt["budget_s"]) == round(budget)), None)
+            if point is None:
+                cmd = [sys.executable, "-m", "elmokit.cli", "train", "--save-dir", str(run)]
+                if (run / "latest").exists():
+                    cmd += ["--resume"]
+                else:
+                    cmd += ["--train", args.train, "--vocab", args.vocab, "--config", str(options_file)]
+                    cmd += ["--batch-size", str(args.batch_size), "--checkpoint-minutes", "1000"]
+                    cmd += ["--n-negative-samples", str(args.n_negative_samples)]
+                spent = sum(pt["segment_cpu_s"] for pt in points)
+                used, rc = train_until(cmd, budget - spent, out / f"{name}.log", env)
+                step = int((run / "latest").read_text().strip().rsplit("-", 1)[1])
+                tokens = step * args.batch_size * 20  # default unroll_steps
+                point = {"budget_s": budget, "segment_cpu_s": used, "cpu_s": spent + used, "exit": rc}
+                point.update(step=step, tokens=tokens, perplexity={})
+                points.append(point)
+                save()  # the training is accounted for before the evaluations
+            for set_name, path in heldout.items():
+                if set_name not in point["perplexity"]:
+                    target = out / f"{name}-{round(budget)}-{set_name}.json"
+                    point["perplexity"][set_name] = evaluate(run, path, target, env)
+                    save()
+            print(name, json.dumps(point), flush=True)
+
+    print("| size | encoder params | CPU min | steps | tokens | " + " | ".join(heldout) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(heldout))
+    for name, entry in results.items():
+        for pt in entry["points"]:
+            ppl = " | ".join(f"{pt['perplexity'][k]:.2f}" for k in heldout)
+            print(
+                f"| {name} | {entry['params']['encoder'] / 1e6:.1f}M | {pt['cpu_s'] / 60:.1f} "
+                f"| {pt['step']:,} | {pt['tokens'] / 1e6:.2f}M | {ppl} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

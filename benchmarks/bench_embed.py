@@ -41,8 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_bilm import cpu_sample, matmul_gflops, others_busy
-from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet, write_report
+from common import LM1B_SHARDS, Pauser, matmul_rate, run_child, thread_env, wait_until_quiet, write_report
 
 import elmokit
 from elmokit.options import preset
@@ -166,10 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"text: {len(pool):,} sentences from {args.text}; {args.threads} threads", flush=True)
     pauser = Pauser(args.pause_pid)
     wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
-    with pauser:
-        before = cpu_sample()
-        rate = matmul_gflops(args.threads)
-        matmul_others = others_busy(before, cpu_sample())
+    rate, matmul_others = matmul_rate(args.threads, pauser)
     print(
         f"fp32 matmul (64x512)@(512x16384), {args.threads} threads: {rate:.1f} GFLOP/s "
         f"(best of 10; other processes used {matmul_others:.0%} of the CPUs)",
@@ -215,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                 inp, out = tmp / f"in-{n}.txt", tmp / "out.hdf5"
                 row["tokens"] = write_input(pool, n, inp)
                 cmd = embed_command(args, model_dir, inp, out)
-                commands.append(shlex.join(["elmokit", *cmd[cmd.index("embed"):]]).replace(str(tmp), "DIR"))
+                commands.append(shlex.join(["elmokit", *cmd[cmd.index("embed") :]]).replace(str(tmp), "DIR"))
                 row.update(measure(args, cmd, pauser, timeout=2 * args.time_budget))
                 inp.unlink()
                 if row.get("timed_out"):
@@ -277,9 +273,18 @@ def main(argv: list[str] | None = None) -> None:
     print(pauser.summary())
     if args.json:
         write_report(
-            args.json, command, pauser, rate, matmul_others,
-            threads=args.threads, batch_size=args.batch_size, mode=args.mode, layers=args.layers,
-            text=args.text, embed_commands=commands, results=results,
+            args.json,
+            command,
+            pauser,
+            rate,
+            matmul_others,
+            threads=args.threads,
+            batch_size=args.batch_size,
+            mode=args.mode,
+            layers=args.layers,
+            text=args.text,
+            embed_commands=commands,
+            results=results,
         )
 
 

@@ -61,7 +61,6 @@ import json
 import logging
 import platform
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -71,8 +70,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_bilm import cpu_sample, matmul_gflops, median, others_busy, read_sentences
-from common import Pauser, write_report
+from bench_bilm import cpu_sample, median, others_busy, read_sentences
+from common import Pauser, matmul_rate, shown_command, write_report
 
 import elmokit
 from elmokit.options import preset
@@ -352,17 +351,6 @@ RUNNERS = {"allennlp": run_allennlp, "elmoformanylangs": run_elmoformanylangs}
 
 
 # -- command line --------------------------------------------------------------------------------
-def shown_command(argv: list[str]) -> str:
-    """The command as run, each absolute path (``/...``, ``--opt=/...``) named by its last part only."""
-
-    def shown(arg: str) -> str:
-        option, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
-        value = Path(value).name if value.startswith(("/", "~")) else value
-        return f"{option}{equals}{value}"
-
-    return shlex.join(["python", "benchmarks/bench_peers.py", *(shown(a) for a in argv)])
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sentences", required=True, help="text file, one whitespace-tokenized sentence a line")
@@ -401,17 +389,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    command = shown_command(sys.argv[1:] if argv is None else argv)
+    command = shown_command("bench_peers.py", sys.argv[1:] if argv is None else argv)
     print(f"command: {command}", flush=True)
     torch.set_num_threads(args.threads)
     sentences = read_sentences(args.sentences, args.n_sentences)
     tokens = sum(len(s) for s in sentences)
     print(f"{len(sentences)} sentences, {tokens} tokens from {Path(args.sentences).name}", flush=True)
     pauser = Pauser(args.pause_pid)
-    with pauser:
-        before = cpu_sample()
-        rate = matmul_gflops(args.threads)
-        matmul_others = others_busy(before, cpu_sample())
+    rate, matmul_others = matmul_rate(args.threads, pauser)
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, {args.threads} threads; fp32 "
         f"matmul (64x512)@(512x16384): {rate:.1f} GFLOP/s (other processes used {matmul_others:.0%} "

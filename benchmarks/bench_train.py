@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_bilm import BUSY, cpu_sample, kernel_settings, matmul_gflops, median, others_busy, rss_mb
-from common import LM1B_SHARDS, Pauser, run_child, thread_env, wait_until_quiet, write_report
+from bench_bilm import BUSY, cpu_sample, kernel_settings, median, others_busy, rss_mb
+from common import LM1B_SHARDS, Pauser, matmul_rate, run_child, thread_env, wait_until_quiet, write_report
 
 # The target for the small preset on 2 CPU threads.
 TARGET = {"preset": "small", "batch_size": 32, "unroll_steps": 20, "negatives": 8192, "tokens_per_s": 1100}
@@ -312,10 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         vocab = build_vocab(args, Path(tmp))
         wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
-        with pauser:
-            before = cpu_sample()
-            rate = matmul_gflops(args.threads)
-            matmul_others = others_busy(before, cpu_sample())
+        rate, matmul_others = matmul_rate(args.threads, pauser)
         print(
             f"fp32 matmul (64x512)@(512x16384), {args.threads} threads: {rate:.1f} GFLOP/s "
             f"(best of 10; other processes used {matmul_others:.0%} of the CPUs)",
@@ -442,8 +439,15 @@ def main(argv: list[str] | None = None) -> None:
     print(pauser.summary())
     if args.json:
         write_report(
-            args.json, command, pauser, rate, matmul_others,
-            torch=torch.__version__, threads=args.threads, notes=notes, results=results,
+            args.json,
+            command,
+            pauser,
+            rate,
+            matmul_others,
+            torch=torch.__version__,
+            threads=args.threads,
+            notes=notes,
+            results=results,
             comparison=comparison,
         )
 

@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_bilm import cpu_sample, matmul_gflops, median, others_busy
-from bench_peers import shown_command
-from common import LM1B_SHARDS, Pauser, write_report
+from bench_bilm import cpu_sample, median, others_busy
+from common import LM1B_SHARDS, Pauser, matmul_rate, shown_command, write_report
 
 
 def import_bilm_tf(path: Path) -> tuple[Any, Any, Any]:
@@ -175,14 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     from elmokit.data import Vocabulary, corpus_files, count_tokens
     from elmokit.options import preset
 
-    command = shown_command(sys.argv[1:] if argv is None else argv).replace("bench_peers", "bench_train_peer")
+    command = shown_command("bench_train_peer.py", sys.argv[1:] if argv is None else argv)
     print(f"command: {command}", flush=True)
     torch.set_num_threads(args.threads)
     pauser = Pauser(args.pause_pid)
-    with pauser:
-        before = cpu_sample()
-        rate = matmul_gflops(args.threads)
-        matmul_others = others_busy(before, cpu_sample())
+    rate, matmul_others = matmul_rate(args.threads, pauser)
     print(
         f"torch {torch.__version__}, {args.threads} threads; fp32 matmul {rate:.1f} GFLOP/s "
         f"(other processes used {matmul_others:.0%} of the CPUs)",

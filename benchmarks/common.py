@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_bilm import cpu_sample, others_busy
+from bench_bilm import cpu_sample, matmul_gflops, others_busy
 
 # ../shared/data beside the repository (the project's shared data folder).
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -189,3 +190,23 @@ def write_report(
         **fields,
     }
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def matmul_rate(threads: int, pauser: Pauser) -> tuple[float, float]:
+    """The fp32 matmul rate (GFLOP/s, ``bench_bilm.matmul_gflops``) measured with ``pauser``'s
+    process stopped, and the share of the CPUs other processes used meanwhile."""
+    with pauser:
+        before = cpu_sample()
+        rate = matmul_gflops(threads)
+        return rate, others_busy(before, cpu_sample())
+
+
+def shown_command(script: str, argv: list[str]) -> str:
+    """The command as run, each absolute path (``/...``, ``--opt=/...``) named by its last part only."""
+
+    def shown(arg: str) -> str:
+        option, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        value = Path(value).name if value.startswith(("/", "~")) else value
+        return f"{option}{equals}{value}"
+
+    return shlex.join(["python", f"benchmarks/{script}", *(shown(a) for a in argv)])

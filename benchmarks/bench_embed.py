@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                 inp, out = tmp / f"in-{n}.txt", tmp / "out.hdf5"
                 row["tokens"] = write_input(pool, n, inp)
                 cmd = embed_command(args, model_dir, inp, out)
-                commands.append(shlex.join(["elmokit", *cmd[cmd.index("embed") :]]).replace(str(tmp), "DIR"))
+                commands.append(shlex.join(["elmokit", *cmd[cmd.index("embed"):]]).replace(str(tmp), "DIR"))
                 row.update(measure(args, cmd, pauser, timeout=2 * args.time_budget))
                 inp.unlink()
                 if row.get("timed_out"):
@@ -273,18 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     print(pauser.summary())
     if args.json:
         write_report(
-            args.json,
-            command,
-            pauser,
-            rate,
-            matmul_others,
-            threads=args.threads,
-            batch_size=args.batch_size,
-            mode=args.mode,
-            layers=args.layers,
-            text=args.text,
-            embed_commands=commands,
-            results=results,
+            args.json, command, pauser, rate, matmul_others,
+            threads=args.threads, batch_size=args.batch_size, mode=args.mode, layers=args.layers,
+            text=args.text, embed_commands=commands, results=results,
         )
 
 

@@ -439,15 +439,8 @@ def main(argv: list[str] | None = None) -> None:
     print(pauser.summary())
     if args.json:
         write_report(
-            args.json,
-            command,
-            pauser,
-            rate,
-            matmul_others,
-            torch=torch.__version__,
-            threads=args.threads,
-            notes=notes,
-            results=results,
+            args.json, command, pauser, rate, matmul_others,
+            torch=torch.__version__, threads=args.threads, notes=notes, results=results,
             comparison=comparison,
         )
 

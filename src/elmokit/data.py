@@ -397,9 +397,12 @@ class SentenceStream:
                 self._seen_in_epoch = False
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serializable position: configuration (checked on load) and counters."""
+        """JSON-serializable position: configuration (checked on load) and counters. The shards
+        are recorded by file name, as ``load_state_dict`` compares them (no machine path in a
+        checkpoint)."""
         return {
             **self._config,
+            "files": _names(self._config["files"]),
             "epoch": self._epoch,
             "shard_pos": self._shard_pos,
             "sent_pos": self._sent_pos,

@@ -88,20 +88,13 @@ def main(argv: list[str] | None = None) -> None:
         steps = [per_call(layer_step(layer), args.repeats) for layer in bilm.lstm.layers]
     # <S> and </S> make each direction run len + 1 steps
     lstm = sum(steps) * (mean_len + 1)
-    weights_mb = sum(
-        (
-            lay.weight_hidden.numel()
-            + (lay.weight_projection.numel() if lay.weight_projection is not None else 0)
-        )
-        * 4
-        / 2**20
-        for lay in bilm.lstm.layers
-    )
+    matrices = [w for lay in bilm.lstm.layers for w in (lay.weight_hidden, lay.weight_projection)]
+    weights_mb = sum(w.numel() * w.element_size() for w in matrices if w is not None) / 2**20
     print(
         f"{args.shape}, {args.threads} threads, {len(sentences)} sentences, {mean_len:.1f} tokens "
         f"({mean_distinct:.1f} distinct) a sentence"
     )
-    rate = tokens / len(sentences) / call
+    rate = mean_len / call
     print(f"embed_sentence:                  {1000 * call:7.2f} ms a sentence ({rate:,.0f} tok/s)")
     print(f"token encoder, distinct tokens:  {1000 * encoder:7.2f} ms")
     print(

@@ -41,6 +41,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from bench_bilm import read_sentences
 
 import elmokit
 
@@ -53,17 +54,6 @@ def import_before(src: Path, into: Path) -> ModuleType:
     shutil.copytree(package, into / "elmokit_before", ignore=shutil.ignore_patterns("__pycache__"))
     sys.path.insert(0, str(into))
     return importlib.import_module("elmokit_before")
-
-
-def read_sentences(path: str, n: int) -> list[list[str]]:
-    sentences = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.split():
-                sentences.append(line.split())
-            if len(sentences) == n:
-                break
-    return sentences
 
 
 def time_pass(model: Any, char_ids: list[torch.Tensor]) -> float:

@@ -62,42 +62,50 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def build_trainer(
+    vocab_file: str,
+    train: str,
+    options: dict[str, Any],
+    batch_size: int,
+    unroll_steps: int,
+    negatives: int,
+    device: str = "cpu",
+    precision: str = "fp32",
+) -> tuple[Any, Any, Any]:
+    """The training recipe's batches over ``train`` and a ``Trainer`` (a throw-away save dir):
+    (trainer, batches, vocabulary)."""
+    from elmokit.data import BidirectionalLMBatches, Vocabulary, corpus_files
+    from elmokit.options import BiLMOptions
+    from elmokit.train import Distributed, TrainConfig, Trainer
+
+    vocab = Vocabulary.from_file(vocab_file)
+    max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token
+    data = BidirectionalLMBatches(
+        corpus_files(train), vocab, batch_size, unroll_steps, seed=0, max_characters_per_token=max_chars
+    )
+    with tempfile.TemporaryDirectory() as save_dir:
+        config = TrainConfig(
+            train=train, vocab=vocab_file, save_dir=save_dir, options=options, batch_size=batch_size,
+            unroll_steps=unroll_steps, n_negative_samples=negatives, device=device, precision=precision,
+        )  # fmt: skip
+        trainer = Trainer(config, data, len(vocab), Distributed(device=torch.device(device)))
+    return trainer, data, vocab
+
+
 def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Build the data and the Trainer of one configuration, time its steps; returns the figures
     of each setting: one, or with ``spec["alternate"]`` (``ELMOKIT_KERNELS`` values) each in turn,
     switched step by step with ``elmokit.kernels`` (``steps`` steps each)."""
     from elmokit import kernels
-    from elmokit.data import BidirectionalLMBatches, Vocabulary, corpus_files
-    from elmokit.options import BiLMOptions, preset
-    from elmokit.train import Distributed, TrainConfig, Trainer
+    from elmokit.options import preset
 
     torch.set_num_threads(spec["threads"])
     rss_import = rss_mb()
-    vocab = Vocabulary.from_file(spec["vocab"])
-    options = preset(spec["preset"])
-    max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token
-    data = BidirectionalLMBatches(
-        corpus_files(spec["train"]),
-        vocab,
-        spec["batch_size"],
-        spec["unroll_steps"],
-        seed=0,
-        max_characters_per_token=max_chars,
-    )
-    with tempfile.TemporaryDirectory() as save_dir:
-        config = TrainConfig(
-            train=spec["train"],
-            vocab=spec["vocab"],
-            save_dir=save_dir,
-            options=options,
-            batch_size=spec["batch_size"],
-            unroll_steps=spec["unroll_steps"],
-            n_negative_samples=spec["negatives"],
-            device=spec["device"],
-            precision=spec["precision"],
-        )
-        device = torch.device(spec["device"])
-        trainer = Trainer(config, data, len(vocab), Distributed(device=device))
+    trainer, data, vocab = build_trainer(
+        spec["vocab"], spec["train"], preset(spec["preset"]), spec["batch_size"], spec["unroll_steps"],
+        spec["negatives"], spec["device"], spec["precision"],
+    )  # fmt: skip
+    device = torch.device(spec["device"])
     rss_model = rss_mb()
     n_params = sum(p.numel() for p in trainer.model.parameters())
     settings = spec.get("alternate") or [spec.get("kernels", "1")]

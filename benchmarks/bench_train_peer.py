@@ -9,10 +9,10 @@ the TensorFlow installed beside elmokit. TensorFlow 2 runs it through ``tensorfl
 ``import tensorflow`` inside ``bilm`` is given the compat.v1 module, and v2 behaviour is off.
 
 Both sides get the vocabulary built from ``--train`` (elmokit's ``Vocabulary.build``, a file
-bilm-tf reads), the preset's options (bilm-tf trains with 261 character ids, elmokit with 262;
-both use 262-row embeddings or 261, which changes nothing measurable), the same batch, unroll
-and negatives, and their own data pipeline over the same files. bilm-tf's graph is built the way
-its ``training.train`` builds it for one device (placed on the CPU): Adagrad (initial
+bilm-tf reads), the preset's options (bilm-tf's training options say 261 characters, elmokit's
+262: one row more in the character embedding), the same batch, unroll and negatives, and their
+own data pipeline over the same files. bilm-tf's graph is built the way its ``training.train``
+builds it for one device (placed on the CPU): Adagrad (initial
 accumulator 1.0, learning rate 0.2), the loss times ``unroll_steps``, its ``average_gradients``
 and ``clip_grads``, each step feeding the previous step's final LSTM states as ``train`` does.
 elmokit runs ``Trainer.step`` (the same recipe). Each round times ``--steps`` steps of one
@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from bench_bilm import cpu_sample, median, others_busy
+from bench_train import build_trainer
 from common import LM1B_SHARDS, Pauser, matmul_rate, shown_command, write_report
 
 
@@ -92,11 +93,11 @@ def bilm_tf_side(
     session.run(init)
     init_state_tensors = model.init_lstm_state
     final_state_tensors = model.final_lstm_state
-    state = session.run(init_state_tensors, feed_dict=_feed(training, next(batches), model, batch_size, True))
+    state = session.run(init_state_tensors, feed_dict=_feed(training, next(batches), model, batch_size))
 
     def step() -> float:
         nonlocal state
-        feed = _feed(training, next(batches), model, batch_size, True)
+        feed = _feed(training, next(batches), model, batch_size)
         for tensor, value in zip(init_state_tensors, state):
             feed[tensor] = value
         out = session.run([train_op, loss] + final_state_tensors, feed_dict=feed)
@@ -106,38 +107,16 @@ def bilm_tf_side(
     return step
 
 
-def _feed(training: Any, X: dict, model: Any, batch_size: int, bidirectional: bool) -> dict:
-    return training._get_feed_dict_from_X(X, 0, batch_size, model, True, bidirectional)
+def _feed(training: Any, X: dict, model: Any, batch_size: int) -> dict:
+    """bilm-tf's own feed of a batch (character inputs, bidirectional)."""
+    return training._get_feed_dict_from_X(X, 0, batch_size, model, True, True)
 
 
-def elmokit_side(
-    options: dict, vocab_file: str, train_glob: str, args: argparse.Namespace
-) -> Callable[[], float]:
+def elmokit_side(options: dict, vocab_file: str, args: argparse.Namespace) -> Callable[[], float]:
     """A function that runs one elmokit Trainer step (data included) and returns its loss."""
-    from elmokit.data import BidirectionalLMBatches, Vocabulary, corpus_files
-    from elmokit.train import Distributed, TrainConfig, Trainer
-
-    vocab = Vocabulary.from_file(vocab_file)
-    data = BidirectionalLMBatches(
-        corpus_files(train_glob),
-        vocab,
-        args.batch_size,
-        args.unroll_steps,
-        seed=0,
-        max_characters_per_token=options["char_cnn"]["max_characters_per_token"],
+    trainer, data, _ = build_trainer(
+        vocab_file, args.train, options, args.batch_size, args.unroll_steps, args.n_negative_samples
     )
-    with tempfile.TemporaryDirectory() as save_dir:
-        config = TrainConfig(
-            train=train_glob,
-            vocab=vocab_file,
-            save_dir=save_dir,
-            options=options,
-            batch_size=args.batch_size,
-            unroll_steps=args.unroll_steps,
-            n_negative_samples=args.n_negative_samples,
-            device="cpu",
-        )
-        trainer = Trainer(config, data, len(vocab), Distributed(device=torch.device("cpu")))
     batches = iter(data)
 
     def step() -> float:
@@ -189,8 +168,9 @@ def main(argv: list[str] | None = None) -> None:
     files = corpus_files(args.train)
     with tempfile.TemporaryDirectory() as folder:
         vocab_file = str(Path(folder) / "vocab.txt")
-        Vocabulary.build(count_tokens(files)).save(vocab_file)
-        n_vocab = sum(1 for _ in open(vocab_file, encoding="utf-8"))
+        vocabulary = Vocabulary.build(count_tokens(files))
+        vocabulary.save(vocab_file)
+        n_vocab = len(vocabulary)
         tf_options = json.loads(json.dumps(options))
         tf_options["char_cnn"]["n_characters"] = 261  # bilm-tf trains with 261 character ids
         tf_options.update(
@@ -206,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         sides = {
             "bilm-tf": bilm_tf_side(tf, training, data, tf_options, vocab_file, args.train, args.threads),
-            "elmokit": elmokit_side(options, vocab_file, args.train, args),
+            "elmokit": elmokit_side(options, vocab_file, args),
         }
         for step in sides.values():
             timed(step, args.warmup)

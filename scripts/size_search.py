@@ -45,16 +45,12 @@ def scaled(options: dict, factor: float) -> dict:
 
 
 def n_parameters(options: dict, vocab_size: int) -> dict:
-    """Parameter counts of the encoder (char CNN + LSTMs) and of the softmax."""
-    cnn = options["char_cnn"]
-    n_filters = sum(n for _, n in cnn["filters"])
-    char = cnn["n_characters"] * cnn["embedding"]["dim"]
-    char += sum(w * cnn["embedding"]["dim"] * n + n for w, n in cnn["filters"])
-    char += cnn["n_highway"] * (2 * n_filters * n_filters + 2 * n_filters)
-    proj, dim, layers = options["lstm"]["projection_dim"], options["lstm"]["dim"], options["lstm"]["n_layers"]
-    char += n_filters * proj + proj
-    lstm = 2 * layers * (4 * dim * (proj + proj) + 4 * dim + dim * proj)
-    return {"encoder": char + lstm, "softmax": vocab_size * (proj + 1)}
+    """Parameter counts of the encoder (char CNN + LSTMs: the BiLM these options build) and of
+    the softmax (an embedding and a bias per word)."""
+    from elmokit import BiLM
+
+    encoder = sum(p.numel() for p in BiLM(options).parameters())
+    return {"encoder": encoder, "softmax": vocab_size * (options["lstm"]["projection_dim"] + 1)}
 
 
 def train_until(cmd: list[str], budget_s: float, log: Path, env: dict) -> tuple[float, int]:
@@ -148,7 +144,8 @@ def main() -> None:
                 spent = sum(pt["segment_cpu_s"] for pt in points)
                 used, rc = train_until(cmd, budget - spent, out / f"{name}.log", env)
                 step = int((run / "latest").read_text().strip().rsplit("-", 1)[1])
-                tokens = step * args.batch_size * 20  # default unroll_steps
+                config = json.loads((run / "train_config.json").read_text())
+                tokens = step * config["batch_size"] * config["unroll_steps"]
                 point = {"budget_s": budget, "segment_cpu_s": used, "cpu_s": spent + used, "exit": rc}
                 point.update(step=step, tokens=tokens, perplexity={})
                 points.append(point)

@@ -21,7 +21,7 @@ the Trainer counts); "tok/s" includes the data time, "step tok/s" does not.
 forward pass; nothing is added here). ``--devices cuda`` prints "skipped: no CUDA" without one.
 ``--profile`` adds a torch.profiler run of 3 steps (after the timed ones) for the small preset on
 the first device/precision and prints the top 10 ops by self CPU time, and the GFLOP per step
-of the ops the profiler counts FLOPs of (the matmuls, not the convolutions) with the least time
+of the ops the profiler counts FLOPs of (the matmuls, not conv1d) with the least time
 they need at the measured matmul rate: a floor under the step time.
 
 ``--kernels`` sets ``ELMOKIT_KERNELS`` for the workers (``on``, ``off``, or a value that
@@ -177,7 +177,7 @@ def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dict[str, Any]:
     """torch.profiler over ``steps`` Trainer steps: top 10 ops by self CPU time, and the FLOPs
-    of the ops the profiler counts (matmuls; convolutions are not counted)."""
+    of the ops the profiler counts (matmuls; conv1d is not counted)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(prof["table"])
             print(
-                f"FLOPs the profiler counts (matmul ops; not the char CNN's convolutions): "
+                f"FLOPs the profiler counts (matmul ops; not conv1d): "
                 f"{prof['counted_gflop_per_step']:.1f} GFLOP/step, at least "
                 f"{1000 * prof['counted_gflop_per_step'] / rate:.0f} ms/step at the matmul rate above"
             )

@@ -182,7 +182,12 @@ def modified_kn_discounts(adjusted: np.ndarray) -> tuple[float, float, float]:
     y = n[0] / (n[0] + 2 * n[1])
     d = (1 - 2 * y * n[1] / n[0], 2 - 3 * y * n[2] / n[1], 3 - 4 * y * n[3] / n[2])
     if not all(0 < d_r <= r for r, d_r in enumerate(d, start=1)):
-        raise ValueError(f"modified Kneser-Ney discounts out of range: {d}; pass --discounts")
+        shown = ", ".join(f"{d_r:.3f}" for d_r in d)
+        raise ValueError(
+            f"cannot estimate modified Kneser-Ney discounts: D1, D2, D3+ = {shown} from counts-of-counts "
+            f"n1..n4 = {n} (each must lie in (0, r]); text counted more than once, such as a corpus "
+            "repeated to weight it, has too few singletons: train on the distinct text or pass --discounts"
+        )
     return d
 
 
@@ -467,7 +472,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, OSError) as err:  # bad data or files: one line, never a traceback
+        print(f"ngram_baseline: error: {err}", file=sys.stderr)
+        return 2
 
+
+def _run(args: argparse.Namespace) -> int:
+    """Train both directions, score each held-out set, print the table (and write the JSON)."""
     t0 = time.monotonic()
     vocab = Vocabulary.from_file(args.vocab)
     train_files = corpus_files(args.train)

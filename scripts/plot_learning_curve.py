@@ -10,6 +10,11 @@ when the baseline counted a different number of predictions than the run.
 
     python scripts/plot_learning_curve.py runs/news-512 --baseline kn5.json -o curve.png
 
+A run whose data changed (``elmokit train --resume --new-data``) can mark the step where each
+stage began (``--mark 14153="news + Wikipedia"``, repeatable) and drop the epochs axis, which
+counts epochs of its latest corpus only (``--no-epochs``); ``--baseline-label`` names each
+baseline (e.g. the text it was trained on).
+
 Needs matplotlib: ``pip install -e ".[plots]"``.
 """
 
@@ -80,15 +85,34 @@ class Baseline:
     predictions: int | None
 
 
-def read_baseline(path: str | Path, heldout_set: str) -> Baseline:
-    """The result for ``heldout_set`` in a scripts/ngram_baseline.py JSON file."""
+def parse_mark(text: str) -> tuple[int, str]:
+    """``STEP=LABEL`` -> (step, label), for --mark."""
+    step, sep, label = text.partition("=")
+    if not sep or not step.strip().isdigit() or not label.strip():
+        raise argparse.ArgumentTypeError(
+            f"--mark takes STEP=LABEL, e.g. 14153=\"news + Wikipedia\", got {text!r}"
+        )
+    return int(step), label.strip()
+
+
+def tokens_at(run: Run, step: int) -> float:
+    """Training tokens seen by ``run`` after ``step`` steps (its rows' tokens per step)."""
+    if not run.rows:
+        raise ValueError(f"{run.label} has no held-out rows: cannot place a mark at step {step}")
+    first = run.rows[0]
+    return step * first["tokens"] / first["step"]
+
+
+def read_baseline(path: str | Path, heldout_set: str, label: str | None = None) -> Baseline:
+    """The result for ``heldout_set`` in a scripts/ngram_baseline.py JSON file (``label``, or
+    "Kneser-Ney N-gram")."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     names = [r["name"] for r in data["results"]]
     if heldout_set not in names:
         raise ValueError(f"{path} has no result for held-out set {heldout_set!r} (it has {', '.join(names)})")
     r = data["results"][names.index(heldout_set)]
     order = data.get("order")
-    label = f"Kneser-Ney {order}-gram" if order else Path(path).stem
+    label = label or (f"Kneser-Ney {order}-gram" if order else Path(path).stem)
     return Baseline(label, r["forward"], r["backward"], r["average"], r.get("predictions"))
 
 
@@ -98,6 +122,8 @@ def plot(
     output: str | Path,
     title: str | None = None,
     heldout_set: str | None = None,
+    marks: Sequence[tuple[int, str]] = (),
+    epochs_axis: bool = True,
 ) -> None:
     import matplotlib
 
@@ -159,6 +185,18 @@ def plot(
             fontsize=7,
             color=grays[j % len(grays)],
         )
+    for step, label in marks:  # the step where a stage of the first run began
+        x = tokens_at(runs[0], step) / 1e6
+        ax.axvline(x, color="0.5", linewidth=0.8, linestyle=":")
+        ax.text(
+            x,
+            0.98,
+            f" {label}",
+            transform=blended_transform_factory(ax.transData, ax.transAxes),
+            va="top",
+            fontsize=7,
+            color="0.3",
+        )
     ax.set_yscale("log")
     if values:
         low, high = min(values), max(values)
@@ -170,7 +208,7 @@ def plot(
     ax.set_xlabel("training tokens seen (millions)")
     ax.set_ylabel("held-out perplexity (log scale)")
     ax.set_xlim(left=0)
-    if len(runs) == 1 and runs[0].train_tokens:
+    if epochs_axis and len(runs) == 1 and runs[0].train_tokens:
         epochs = runs[0].train_tokens / 1e6
         top = ax.secondary_xaxis("top", functions=(lambda m: m / epochs, lambda e: e * epochs))
         top.set_xlabel("epochs")
@@ -194,8 +232,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--set", dest="heldout_set", help="held-out set name for the baselines (default: the runs')"
     )
+    parser.add_argument(
+        "--baseline-label", action="append", default=[], help="legend label of each --baseline, in order"
+    )
+    parser.add_argument(
+        "--mark", action="append", type=parse_mark, default=[], metavar="STEP=LABEL",
+        help="a vertical line where a stage of the (first) run began (repeatable)",
+    )
+    parser.add_argument(
+        "--no-epochs", action="store_true", help="no epochs axis (a run whose corpus changed)"
+    )
     parser.add_argument("--title")
     args = parser.parse_args(argv)
+    if len(args.baseline_label) > len(args.baseline):
+        parser.error("more --baseline-label than --baseline")
+    try:
+        return _run(args, parser)
+    except (ValueError, OSError) as err:  # files and their contents: one line, never a traceback
+        print(f"plot_learning_curve: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Read the runs and baselines, draw the PNG, print a summary."""
 
     labels = args.label or []
     if len(labels) > len(args.runs):
@@ -208,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     heldout_set = args.heldout_set or (sets.pop() if len(sets) == 1 else None)
     if args.baseline and heldout_set is None:
         parser.error(f"the runs do not name one held-out set ({sorted(sets)}); pass --set")
-    baselines = [read_baseline(p, heldout_set) for p in args.baseline]
+    names = args.baseline_label + [None] * len(args.baseline)
+    baselines = [read_baseline(p, heldout_set, name) for p, name in zip(args.baseline, names)]
     for b in baselines:
         for run in runs:
             counts = {int(r["predictions"]) for r in run.rows}
@@ -218,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "not the same held-out predictions",
                     file=sys.stderr,
                 )
-    plot(runs, baselines, args.output, args.title, heldout_set)
+    plot(runs, baselines, args.output, args.title, heldout_set, args.mark, not args.no_epochs)
     for run in runs:
         if run.rows:
             last = run.rows[-1]

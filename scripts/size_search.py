@@ -72,6 +72,31 @@ def train_until(cmd: list[str], budget_s: float, log: Path, env: dict) -> tuple[
     return used, rc
 
 
+def spent_cpu(entry: dict) -> float:
+    """The trainer CPU seconds a size has used so far: its points' segments and what a segment
+    stopped before its budget used."""
+    return sum(pt["segment_cpu_s"] for pt in entry["points"]) + entry.get("unfinished_cpu_s", 0.0)
+
+
+def record_segment(
+    entry: dict, budget_s: float, used_s: float, rc: int, step: int, tokens: int
+) -> dict | None:
+    """Account a training segment of ``used_s`` CPU seconds to a size's ``entry``. It gives the
+    point at ``budget_s`` when the trainer reached that budget (stopped by this script) or
+    finished on its own (exit 0); one stopped earlier from outside (a signal, a crash) gives no
+    point: its CPU time is kept as unfinished, and the next run resumes towards the same
+    budget. Returns the new point or None."""
+    spent = spent_cpu(entry) + used_s
+    if spent < budget_s and rc != 0:
+        entry["unfinished_cpu_s"] = entry.get("unfinished_cpu_s", 0.0) + used_s
+        return None
+    segment = used_s + entry.pop("unfinished_cpu_s", 0.0)
+    point = {"budget_s": budget_s, "segment_cpu_s": segment, "cpu_s": spent, "exit": rc}
+    point.update(step=step, tokens=tokens, perplexity={})
+    entry["points"].append(point)
+    return point
+
+
 def evaluate(save_dir: Path, heldout: str, out: Path, env: dict) -> float:
     subprocess.run(
         [
@@ -141,15 +166,18 @@ def main() -> None:
                     cmd += ["--train", args.train, "--vocab", args.vocab, "--config", str(options_file)]
                     cmd += ["--batch-size", str(args.batch_size), "--checkpoint-minutes", "1000"]
                     cmd += ["--n-negative-samples", str(args.n_negative_samples)]
-                spent = sum(pt["segment_cpu_s"] for pt in points)
-                used, rc = train_until(cmd, budget - spent, out / f"{name}.log", env)
+                used, rc = train_until(cmd, budget - spent_cpu(results[name]), out / f"{name}.log", env)
                 step = int((run / "latest").read_text().strip().rsplit("-", 1)[1])
                 config = json.loads((run / "train_config.json").read_text())
                 tokens = step * config["batch_size"] * config["unroll_steps"]
-                point = {"budget_s": budget, "segment_cpu_s": used, "cpu_s": spent + used, "exit": rc}
-                point.update(step=step, tokens=tokens, perplexity={})
-                points.append(point)
+                point = record_segment(results[name], budget, used, rc, step, tokens)
                 save()  # the training is accounted for before the evaluations
+                if point is None:
+                    sys.exit(
+                        f"size_search: the trainer of {name} stopped (exit {rc}) at step {step:,} before "
+                        f"its {budget / 60:g} CPU-minute budget; its {used:.0f} CPU s are kept: run "
+                        "again to go on"
+                    )
             for set_name, path in heldout.items():
                 if set_name not in point["perplexity"]:
                     target = out / f"{name}-{round(budget)}-{set_name}.json"

@@ -148,6 +148,24 @@ def test_modified_kneser_ney_discounts_from_counts_of_counts():
     assert NB.modified_kn_discounts(adjusted) == pytest.approx(expected)
     with pytest.raises(ValueError, match="counts-of-counts"):
         NB.modified_kn_discounts(np.array([1, 1, 2, 3]))
+    # Text counted three times: many 3s, few 2s, so D2 = 2 - 3 y n3 / n2 is negative.
+    tripled = np.array([1] * 10 + [2] + [3] * 20 + [4] + [6] * 5)
+    with pytest.raises(ValueError, match=r"D1, D2, D3\+ = 0\.833, -48\.000, .*n1\.\.n4 = \[10, 1, 20, 1\]"):
+        NB.modified_kn_discounts(tripled)
+
+
+def test_a_corpus_counted_three_times_is_refused_in_one_line(tmp_path, capsys):
+    train = tmp_path / "train"
+    train.mkdir()
+    for copy in range(3):
+        (train / f"{copy}.txt").write_text("\n".join(TRAIN) + "\n")
+    VOCAB.save(tmp_path / "vocab.txt")
+    (tmp_path / "valid.txt").write_text("the cat sat\n")
+    args = ["--train", str(train / "*.txt"), "--vocab", str(tmp_path / "vocab.txt"), "--order", "3"]
+    assert NB.main([*args, str(tmp_path / "valid.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ngram_baseline: error: cannot estimate modified Kneser-Ney discounts")
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("streams", [1, 3, 4, 7])

@@ -74,3 +74,22 @@ def test_command_line_writes_a_png(tmp_path, capsys):
         and "Kneser-Ney 5-gram on reuters-valid: average 80.50" in captured.out
     )
     assert "not the same held-out predictions" in captured.err  # 91 vs the run's 90
+
+
+def test_stage_marks_baseline_labels_and_no_epochs_axis(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    run = make_run(tmp_path / "run", "10,1000,300,280,290,90\n20,2000,150,140,145,90\n")
+    assert PL.tokens_at(PL.read_run(run), 15) == 1500
+    out = tmp_path / "curve.png"
+    kn = str(make_baseline(tmp_path / "kn5.json", 90))
+    args = [str(run), "--baseline", kn, "--baseline-label", "5-gram, news", "--mark", "15=news + Wikipedia"]
+    assert PL.main([*args, "--no-epochs", "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "5-gram, news on reuters-valid: average 80.50" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        PL.main([str(run), "--mark", "fifteen=x", "-o", str(out)])
+    assert "--mark takes STEP=LABEL" in capsys.readouterr().err
+    empty = make_run(tmp_path / "empty", "")
+    assert PL.main([str(empty), "--mark", "15=x", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "plot_learning_curve: error: " in err and "cannot place a mark at step 15" in err

@@ -477,3 +477,40 @@ def test_main_with_wikipedia_holds_out_the_last_file(tmp_path, capsys):
     assert "He plays in Uruguay ." in train and "A held-out sentence about Uruguay , for this test ." not in train
     with pytest.raises(SystemExit, match="wiki_\\* file"):
         P.main(argv + ["--wikipedia", str(wdir), "--wikipedia-heldout", "2"])
+
+
+def test_build_mix_corpus_script_deals_news_three_times_and_checks_the_sums(tmp_path):
+    """scripts/build_mix_corpus.sh: the three corpora of the continuation run, then the check
+    against a sums list (a wrong list fails the script; the right one passes, stages skipped)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    rdir, adir, hdir = make_inputs(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, folder in (("reuters21578", rdir), ("abc_news", adir), ("lm1b_heldout", hdir)):
+        (data / name).symlink_to(folder)
+    (data / "wikipedia").mkdir()
+    (data / "wikipedia" / "wiki_00").write_text(WIKI, encoding="utf-8")
+    (data / "wikipedia" / "wiki_01").write_text(
+        '<doc id="3" url="?curid=3" title="T">\nT\n\nA held-out line.\n</doc>\n', encoding="utf-8"
+    )
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_mix_corpus.sh"
+    sums = tmp_path / "sums.txt"
+    sums.write_text("0" * 64 + "  mix-train-00000-of-00024.txt\n")
+    env = dict(os.environ, MIX_SUMS=str(sums), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = tmp_path / "runs"
+    run = subprocess.run(["bash", str(script), str(data), str(out)], env=env, capture_output=True, text=True)
+    assert run.returncode != 0 and "FAILED" in run.stdout + run.stderr
+    shards = sorted((out / "corpus-mix2").glob("*.txt"))
+    assert len(shards) == 24
+    mixed = sorted(line for shard in shards for line in shard.read_text(encoding="utf-8").splitlines())
+    news = [line for f in (out / "corpus" / "train").glob("*.txt") for line in f.read_text().splitlines()]
+    wiki = [line for f in (out / "corpus-wiki" / "train").glob("*.txt") for line in f.read_text().splitlines()]
+    assert "He plays in Uruguay ." in wiki and "He plays in Uruguay ." not in news
+    assert mixed == sorted(wiki + news + news)  # corpus-wiki holds the news once; it is given twice more
+    sums.write_text("".join(f"{hashlib.sha256(s.read_bytes()).hexdigest()}  {s.name}\n" for s in shards))
+    run = subprocess.run(["bash", str(script), str(data), str(out)], env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and "matches sums.txt" in run.stdout, run.stderr

@@ -435,6 +435,50 @@ def steps_logged(save_dir: Path) -> list[int]:
     return [int(r.split(",")[0]) for r in (save_dir / "metrics.csv").read_text().splitlines()[1:]]
 
 
+def test_kept_checkpoints_rotate_and_their_average_exports(tmp_path, corpus, capsys):
+    """--keep-checkpoints N keeps the newest N checkpoints (a resume may lower N: the oldest go);
+    export/evaluate --average N use the mean of their weights, computed here by hand."""
+    run = tmp_path / "run"
+    code, _, err = cli(
+        capsys, "train", "--train", corpus[0], "--vocab", corpus[1], "--save-dir", run, *TINY_RUN,
+        "--checkpoint-minutes", 0, "--max-steps", 4, "--keep-checkpoints", 3,
+    )
+    assert code == 0, err
+    folders = sorted(p.name for p in run.glob("checkpoint-*"))
+    assert folders == [f"checkpoint-00000000{s}" for s in (2, 3, 4)]
+    saved = [load_checkpoint_file(run / name / "model.pt")["model"] for name in folders]
+    assert not torch.equal(saved[0]["softmax.weight"], saved[2]["softmax.weight"])
+    code, out, err = cli(capsys, "export", run, tmp_path / "mean", "--average", 3)
+    assert code == 0 and "mean of the newest 3 checkpoints" in out, err
+    history = json.loads((tmp_path / "mean" / "training.json").read_text())
+    assert (history["steps"], history["averaged_steps"]) == (4, [2, 3, 4])
+    bilm = BiLM.load(tmp_path / "mean" / "options.json", tmp_path / "mean" / "weights.hdf5")
+    for name, value in bilm.state_dict().items():
+        by_hand = sum(w[f"bilm.{name}"].double() for w in saved) / 3
+        assert torch.equal(value, by_hand.float()), name
+    model, _ = load_language_model(tmp_path / "mean")
+    by_hand = (sum(w["softmax.weight"].double() for w in saved) / 3).float()
+    assert torch.equal(model.softmax.weight, by_hand)
+    heldout = write_corpus(tmp_path / "heldout", n_sentences=300, n_files=1, seed=9)
+    code, out, err = cli(capsys, "evaluate", run, "--heldout", heldout, "--average", 2, "--quiet")
+    assert code == 0 and "perplexity forward" in out, err
+
+    for args, message in [
+        (("export", run, tmp_path / "x", "--average", 4), "holds 3 checkpoint(s) up to the latest (steps 2, 3, 4); train with --keep-checkpoints 4"),
+        (("export", tmp_path / "mean", tmp_path / "y", "--average", 2), "--average needs a training save dir"),
+        (("export", run, tmp_path / "z", "--average", 2, "--checkpoint", "best"), "not allowed with argument"),
+        (("export", run, tmp_path / "z", "--average", 0), "--average"),
+    ]:
+        code, _, err = cli(capsys, *args)
+        assert code == 2 and message in err and len(err.strip().splitlines()) in (1, 2), err
+        assert "Traceback" not in err
+
+    code, _, err = cli(capsys, "train", "--save-dir", run, "--resume", "--max-steps", 5, "--keep-checkpoints", 2)
+    assert code == 0, err
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000000004", "checkpoint-000000005"]
+    assert json.loads((run / "train_config.json").read_text())["keep_checkpoints"] == 2
+
+
 def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, capsys, monkeypatch):
     """Issue 13.1: a copied run dir resumes itself (not the original), from another working
     directory, with relative paths given at the start; train_config.json stores no save dir and
@@ -623,18 +667,19 @@ def test_resume_changes_only_what_it_may(tmp_path, corpus, capsys):
             8,
         ): "elmokit: error: --batch-size cannot change when resuming (the run's is 4, given 8); "
         "a resumed run may change only --train, --vocab, --heldout, --epochs, --max-steps, --max-time, "
-        "--device, --checkpoint-minutes, --precision",
+        "--device, --checkpoint-minutes, --keep-checkpoints, --precision",
         (
             "--config",
             "small",
         ): "elmokit: error: --config cannot change when resuming; a resumed run may change only "
-        "--train, --vocab, --heldout, --epochs, --max-steps, --max-time, --device, --checkpoint-minutes, --precision",
+        "--train, --vocab, --heldout, --epochs, --max-steps, --max-time, --device, --checkpoint-minutes, "
+        "--keep-checkpoints, --precision",
         (
             "--seed",
             3,
         ): "elmokit: error: --seed cannot change when resuming (the run's is 0, given 3); a resumed run "
         "may change only --train, --vocab, --heldout, --epochs, --max-steps, --max-time, --device, "
-        "--checkpoint-minutes, --precision",
+        "--checkpoint-minutes, --keep-checkpoints, --precision",
         ("--vocab", tmp_path / "other.txt"): f"elmokit: error: --vocab {tmp_path}/other.txt is not the run's "
         f"vocabulary ({run}/vocab.txt); a resumed run keeps it",
     }

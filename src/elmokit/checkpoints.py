@@ -5,8 +5,10 @@ A save dir holds train_config.json, vocab.txt, metrics.csv and checkpoint folder
 ``rank<r>.pt`` per process (data position, LSTM state, random states). The file ``latest`` names
 the newest complete checkpoint; ``best.json`` the one with the lowest held-out perplexity so far
 ({"folder", "step", "forward", "backward", "average"}; written only when the run has held-out
-data). Only those two checkpoints are kept. Checkpoint files are read with ``weights_only=True``:
-nothing but tensors and plain containers is unpickled.
+data). Kept are the best checkpoint and the newest ``keep`` up to the latest
+(``--keep-checkpoints``, default 1: the latest alone), whose weights ``average_weights`` can
+average. Checkpoint files are read with ``weights_only=True``: nothing but tensors and plain
+containers is unpickled.
 
 A checkpoint is written into a hidden folder ``.checkpoint-<step>.partial`` that is renamed to
 its name only when every file is complete, and ``latest`` then switched to it, so a crash never
@@ -84,28 +86,54 @@ def partial_folder(save_dir: Path, step: int) -> Path:
     return save_dir / f".{checkpoint_name(step)}{PARTIAL_SUFFIX}"
 
 
-def publish_checkpoint(save_dir: Path, partial: Path, step: int) -> Path:
+def checkpoint_folders(save_dir: Path) -> list[Path]:
+    """Every complete checkpoint folder of a save dir, oldest first."""
+    return sorted(p for p in save_dir.glob("checkpoint-" + "[0-9]" * 9) if p.is_dir())
+
+
+def kept_checkpoints(save_dir: Path, keep: int = 1) -> list[Path]:
+    """The checkpoints a run with ``--keep-checkpoints keep`` holds, oldest first: the newest
+    ``keep`` folders up to the latest, and the best. A folder newer than the latest (its pointer
+    never written) or older than those is a leftover."""
+    latest, best = latest_checkpoint(save_dir), best_checkpoint(save_dir)
+    folders = checkpoint_folders(save_dir)
+    recent = [] if latest is None else [p for p in folders if p.name <= latest.name][-keep:]
+    return sorted(set(recent) | ({best} if best is not None else set()))
+
+
+def prune_checkpoints(save_dir: Path, keep: int = 1) -> list[str]:
+    """Delete the checkpoint folders that ``kept_checkpoints`` does not name; their names."""
+    kept = set(kept_checkpoints(save_dir, keep))
+    removed = []
+    for path in checkpoint_folders(save_dir):
+        if path not in kept:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def publish_checkpoint(save_dir: Path, partial: Path, step: int, keep: int = 1) -> Path:
     """Rename the complete ``partial`` folder to its checkpoint folder and point ``latest`` at
-    it; a folder of that name that no pointer names (a crash's leftover) is replaced."""
+    it (``point_latest``); a folder of that name that the run does not keep (a crash's
+    leftover) is replaced."""
     folder = save_dir / checkpoint_name(step)
     if folder.exists():
-        if folder in (latest_checkpoint(save_dir), best_checkpoint(save_dir)):
+        if folder in kept_checkpoints(save_dir, keep):
             raise FileExistsError(f"{folder} is already a checkpoint of this run")
         shutil.rmtree(folder)
     os.replace(partial, folder)
-    point_latest(save_dir, folder)
+    point_latest(save_dir, folder, keep)
     return folder
 
 
-def remove_leftovers(save_dir: Path) -> list[str]:
+def remove_leftovers(save_dir: Path, keep: int = 1) -> list[str]:
     """Delete what an interrupted run can leave in its save dir: partial checkpoint folders,
-    checkpoint folders that neither ``latest`` nor ``best.json`` names (a rotation cut short)
-    and the temporary files of its killed atomic writes. Returns the names deleted."""
-    keep = {latest_checkpoint(save_dir), best_checkpoint(save_dir)}
-    removed = []
-    folders = sorted(save_dir.glob("checkpoint-" + "[0-9]" * 9))
-    for path in folders + sorted(save_dir.glob(f".checkpoint-*{PARTIAL_SUFFIX}")):
-        if path.is_dir() and path not in keep:
+    checkpoint folders the run does not keep (``kept_checkpoints``: a rotation cut short, or
+    more than a smaller ``keep`` of a resumed run allows) and the temporary files of its killed
+    atomic writes. Returns the names deleted."""
+    removed = prune_checkpoints(save_dir, keep)
+    for path in sorted(save_dir.glob(f".checkpoint-*{PARTIAL_SUFFIX}")):
+        if path.is_dir():
             shutil.rmtree(path)
             removed.append(path.name)
     for name in (CHECKPOINT_POINTER, BEST_POINTER, CONFIG_FILE, VOCAB_FILE, *METRICS_FILES):
@@ -113,28 +141,81 @@ def remove_leftovers(save_dir: Path) -> list[str]:
     return removed
 
 
-def point_latest(save_dir: Path, folder: Path) -> None:
-    """Point ``latest`` at the complete checkpoint ``folder``; the previous latest is deleted
-    unless it is the best."""
-    previous = latest_checkpoint(save_dir)
+def point_latest(save_dir: Path, folder: Path, keep: int = 1) -> None:
+    """Point ``latest`` at the complete checkpoint ``folder``, then delete the checkpoints the
+    run no longer keeps (the oldest beyond ``keep``, unless it is the best)."""
     write_text(save_dir / CHECKPOINT_POINTER, folder.name + "\n")
-    if previous not in (None, folder, best_checkpoint(save_dir)):
-        shutil.rmtree(previous, ignore_errors=True)
+    prune_checkpoints(save_dir, keep)
 
 
-def keep_if_best(save_dir: Path, folder: Path, step: int, perplexity: dict[str, float]) -> bool:
+def keep_if_best(
+    save_dir: Path, folder: Path, step: int, perplexity: dict[str, float], keep: int = 1
+) -> bool:
     """Point best.json at ``folder`` if its held-out ``perplexity`` ({"forward", "backward",
-    "average"}) is the lowest so far, and delete the checkpoint it replaces unless that one is
-    the latest. True if ``folder`` is now the best."""
+    "average"}) is the lowest so far, and delete the checkpoint it replaces unless the run keeps
+    it as one of its newest ``keep``. True if ``folder`` is now the best."""
     pointer = save_dir / BEST_POINTER
     best = json.loads(pointer.read_text(encoding="utf-8")) if pointer.is_file() else None
     if best is not None and perplexity["average"] >= best["average"]:
         return False
     write_json(pointer, {"folder": folder.name, "step": step, **perplexity})
-    latest = latest_checkpoint(save_dir)
-    if best is not None and best["folder"] not in (folder.name, latest.name if latest else None):
-        shutil.rmtree(save_dir / best["folder"], ignore_errors=True)
+    prune_checkpoints(save_dir, keep)
     return True
+
+
+def newest_checkpoints(save_dir: Path, n: int) -> list[Path]:
+    """The newest ``n`` checkpoint folders up to the latest, oldest first; an error says how
+    many the save dir holds when it holds fewer."""
+    if n < 1:
+        raise ValueError(f"--average must be at least 1, got {n}")
+    latest = latest_checkpoint(save_dir)
+    if latest is None:
+        raise FileNotFoundError(f"{save_dir} has no checkpoint to average (no '{CHECKPOINT_POINTER}')")
+    folders = [p for p in checkpoint_folders(save_dir) if p.name <= latest.name][-n:]
+    if len(folders) < n:
+        raise ValueError(
+            f"--average {n}: {save_dir} holds {len(folders)} checkpoint(s) up to the latest "
+            f"(steps {', '.join(str(checkpoint_step(p)) for p in folders)}); "
+            f"train with --keep-checkpoints {n}"
+        )
+    return folders
+
+
+def average_weights(save_dir: Path, n: int) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """The mean of the model weights of a save dir's newest ``n`` checkpoints up to the latest
+    (a run trained with ``--keep-checkpoints n`` or more), and their steps, oldest first. Each
+    floating-point tensor is averaged in float64 and stored in its own dtype; any other tensor
+    must be equal in every checkpoint. A checkpoint average is often a better model than any one
+    of them (Vaswani et al. 2017 averaged their last 5 checkpoints)."""
+    folders = newest_checkpoints(save_dir, n)
+    total: dict[str, torch.Tensor] = {}
+    first: dict[str, torch.Tensor] = {}
+    for folder in folders:
+        weights = load_checkpoint_file(folder / "model.pt")["model"]
+        if first and weights.keys() != first.keys():
+            raise ValueError(f"{folder} holds other weights than {folders[0]}: not checkpoints of one model")
+        for name, value in weights.items():
+            if name not in first:
+                first[name] = value
+                total[name] = value.double() if value.is_floating_point() else value
+            elif value.shape != first[name].shape:
+                raise ValueError(
+                    f"{folder}: {name} has shape {tuple(value.shape)}, not {tuple(first[name].shape)}"
+                )
+            elif value.is_floating_point():
+                total[name] += value.double()
+            elif not torch.equal(value, first[name]):
+                raise ValueError(f"{folder}: {name} differs between checkpoints and cannot be averaged")
+    mean = {
+        name: (value / n).to(first[name].dtype) if first[name].is_floating_point() else value
+        for name, value in total.items()
+    }
+    return mean, [checkpoint_step(p) for p in folders]
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step of a checkpoint folder, from its name."""
+    return int(folder.name.rsplit("-", 1)[1])
 
 
 def rng_state() -> dict[str, Any]:
@@ -160,9 +241,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def training_summary(save_dir: Path, checkpoint: str = "latest") -> dict[str, Any] | None:
+def training_summary(
+    save_dir: Path, checkpoint: str = "latest", averaged_steps: list[int] | None = None
+) -> dict[str, Any] | None:
     """Steps, tokens, epochs and training time of a save dir's latest or best checkpoint, with
-    the run's configuration (None for a folder without a checkpoint)."""
+    the run's configuration (None for a folder without a checkpoint); ``averaged_steps``, the
+    checkpoints whose mean the model is, are recorded with them."""
     folder = checkpoint_folder(save_dir, checkpoint)
     if folder is None:
         return None
@@ -175,5 +259,6 @@ def training_summary(save_dir: Path, checkpoint: str = "latest") -> dict[str, An
         "epochs": round(run["tokens"] / n_train, 3) if n_train else None,
         "training_hours": round(run["seconds"] / 3600, 2),
         "checkpoint": checkpoint,
+        **({"averaged_steps": averaged_steps} if averaged_steps else {}),
         "config": config,
     }

@@ -212,6 +212,7 @@ TRAIN_FIELDS = (
     "init_from",
     "precision",
     "state_reset",
+    "keep_checkpoints",
 )
 
 
@@ -296,7 +297,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.json:
         check_output(args.json, overwrite=True)  # before the work, not after it
-    model, vocabulary = load_language_model(args.model_dir, device=device, checkpoint=args.checkpoint)
+    model, vocabulary = load_language_model(
+        args.model_dir, device=device, checkpoint=args.checkpoint, average=args.average
+    )
     files = corpus_files(args.heldout)
     result = evaluate_perplexity(
         model,
@@ -322,11 +325,11 @@ def export_command(args: argparse.Namespace) -> int:
     from .export import export_model
     from .weights import has_start_state
 
-    out = export_model(args.model_dir, args.out_dir, checkpoint=args.checkpoint)
-    print(
-        f"wrote {out}/options.json, weights.hdf5 (original layout), vocab.txt, softmax.hdf5 "
-        f"({args.checkpoint} checkpoint)"
-    )
+    out = export_model(args.model_dir, args.out_dir, checkpoint=args.checkpoint, average=args.average)
+    which = f"{args.checkpoint} checkpoint"
+    if args.average:
+        which = f"mean of the newest {args.average} checkpoints"
+    print(f"wrote {out}/options.json, weights.hdf5 (original layout), vocab.txt, softmax.hdf5 ({which})")
     if not has_start_state(out / "weights.hdf5"):
         print(
             f"elmokit: note: {out} has no start state, so warm mode (the default) starts every "
@@ -586,6 +589,24 @@ def substitutes_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_checkpoint_choice(p: argparse.ArgumentParser) -> None:
+    """--checkpoint latest|best and --average N: which weights of a training save dir to use."""
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--checkpoint",
+        choices=["latest", "best"],
+        default="latest",
+        help="of a training save dir: the latest, or the one with the lowest held-out perplexity",
+    )
+    which.add_argument(
+        "--average",
+        type=_ranged(int, low=1),
+        metavar="N",
+        help="of a training save dir: the mean of the weights of its newest N checkpoints "
+        "(a run trained with --keep-checkpoints N or more)",
+    )
+
+
 def _scoring_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -699,9 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a biLM with the original recipe",
         description="Train a biLM. With --resume, the run in --save-dir continues with its own "
         "configuration; only --train, --vocab, --heldout, the limits, --device, "
-        "--checkpoint-minutes and --precision may change (other options, if given, must equal "
-        "the run's). Exit status: 0 when a limit ended the run, 128 + N when signal N stopped it "
-        "early (it can be resumed), 2 on an error.",
+        "--checkpoint-minutes, --keep-checkpoints and --precision may change (other options, if "
+        "given, must equal the run's). Exit status: 0 when a limit ended the run, 128 + N when "
+        "signal N stopped it early (it can be resumed), 2 on an error.",
     )
     p.add_argument("--train", help="glob of training text files (required unless --resume)")
     p.add_argument("--vocab", help="vocabulary file, elmokit vocab (required unless --resume)")
@@ -731,6 +752,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--checkpoint-minutes", type=_ranged(float, "checkpoint_minutes"), help="default 10")
     p.add_argument(
+        "--keep-checkpoints",
+        type=_ranged(int, "keep_checkpoints"),
+        metavar="N",
+        help="keep the newest N checkpoints (besides the best), e.g. for export --average N (default 1)",
+    )
+    p.add_argument(
         "--precision",
         choices=["fp32", "bf16"],
         help="fp32 (default); bf16 autocasts the forward pass (GPUs and CPUs with bf16 support)",
@@ -756,12 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heldout", required=True, help="glob of held-out files")
     p.add_argument("--batch-size", type=_ranged(int, low=1), default=256, help="parallel streams")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument(
-        "--checkpoint",
-        choices=["latest", "best"],
-        default="latest",
-        help="of a training save dir: the latest, or the one with the lowest held-out perplexity",
-    )
+    _add_checkpoint_choice(p)
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=evaluate_command)
@@ -769,12 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a trained model in the original layout")
     p.add_argument("model_dir")
     p.add_argument("out_dir")
-    p.add_argument(
-        "--checkpoint",
-        choices=["latest", "best"],
-        default="latest",
-        help="of a training save dir: the latest, or the one with the lowest held-out perplexity",
-    )
+    _add_checkpoint_choice(p)
     p.set_defaults(func=export_command)
 
     p = sub.add_parser(

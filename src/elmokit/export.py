@@ -16,9 +16,12 @@ from .atomic import terminate_raises, write_json
 from .checkpoints import (
     CHECKPOINT_POINTER,
     CONFIG_FILE,
+    average_weights,
     checkpoint_folder,
+    checkpoint_step,
     latest_checkpoint,
     load_checkpoint_file,
+    newest_checkpoints,
     training_summary,
 )
 from .data import Vocabulary
@@ -40,10 +43,14 @@ TRAINING_FILE = "training.json"
 
 
 def load_language_model(
-    model_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str = "latest"
+    model_dir: str | Path,
+    device: str | torch.device = "cpu",
+    checkpoint: str = "latest",
+    average: int | None = None,
 ) -> tuple[LanguageModel, Vocabulary]:
-    """(LanguageModel, Vocabulary) from a training save dir (its "latest" or "best" checkpoint),
-    an exported model folder or a shipped model's name; the model is in eval mode."""
+    """(LanguageModel, Vocabulary) from a training save dir (its "latest" or "best" checkpoint,
+    or with ``average`` the mean of its newest ``average`` checkpoints: ``average_weights``), an
+    exported model folder or a shipped model's name; the model is in eval mode."""
     folder = Path(model_dir)
     if not folder.is_dir() and str(model_dir) in available_models():
         folder = model_files(model_dir)[0].parent  # a shipped model by name
@@ -54,12 +61,21 @@ def load_language_model(
         raise FileNotFoundError(f"model folder {folder} has no vocab.txt")
     vocab = Vocabulary.from_file(vocab_file)
     chosen = checkpoint_folder(folder, checkpoint)
+    if average is not None and (chosen is None or checkpoint != "latest"):
+        raise ValueError(
+            f"--average needs a training save dir and its latest checkpoints; {folder} "
+            + ("is not one" if chosen is None else "was asked for its best checkpoint")
+        )
     if checkpoint == "best" and chosen is None and latest_checkpoint(folder) is not None:
         raise FileNotFoundError(f"{folder} has no best checkpoint: the run had no held-out data")
     if chosen is not None:
         config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
         model = LanguageModel(config["options"], len(vocab), dropout=0.0)
-        model.load_state_dict(load_checkpoint_file(chosen / "model.pt")["model"])
+        if average is None:
+            weights = load_checkpoint_file(chosen / "model.pt")["model"]
+        else:
+            weights = average_weights(folder, average)[0]
+        model.load_state_dict(weights)
     else:
         for name in ("options.json", "weights.hdf5", SOFTMAX_FILE):
             if not (folder / name).is_file():
@@ -77,17 +93,22 @@ def export_model(
     out_dir: str | Path,
     extra_options: dict[str, Any] | None = None,
     checkpoint: str = "latest",
+    average: int | None = None,
 ) -> Path:
     """Write options.json + weights.hdf5 (original layout), vocab.txt, softmax.hdf5 and
-    training.json of a save dir's "latest" or "best" (lowest held-out perplexity) checkpoint."""
+    training.json of a save dir's "latest" or "best" (lowest held-out perplexity) checkpoint, or
+    of the mean of its newest ``average`` checkpoints."""
     out = _output_folder(out_dir)
-    model, vocab = load_language_model(model_dir, checkpoint=checkpoint)
+    model, vocab = load_language_model(model_dir, checkpoint=checkpoint, average=average)
     extra = {"bidirectional": True, "n_tokens_vocab": len(vocab), **(extra_options or {})}
     save_options(model.bilm.options, out / "options.json", extra)
     save_weights(model.bilm, out / "weights.hdf5")
     vocab.save(out / "vocab.txt")
     save_softmax(model.softmax, out / SOFTMAX_FILE)
-    history = training_summary(Path(model_dir), checkpoint)
+    steps = None
+    if average is not None:
+        steps = [checkpoint_step(p) for p in newest_checkpoints(Path(model_dir), average)]
+    history = training_summary(Path(model_dir), checkpoint, steps)
     if history is not None:
         write_json(out / TRAINING_FILE, history)
     return out

@@ -77,6 +77,7 @@ RANGES: dict[str, Range] = {
     "checkpoint_minutes": Range(0),
     "log_every": Range(1),
     "state_reset": Range(0, high=1),
+    "keep_checkpoints": Range(1),
     "nproc": Range(1),
 }
 
@@ -91,6 +92,7 @@ RESUMABLE = (
     "max_time",
     "device",
     "checkpoint_minutes",
+    "keep_checkpoints",
     "precision",
 )
 LIMITS = ("epochs", "max_steps", "max_time")
@@ -134,6 +136,8 @@ class TrainConfig:
     # recipe, which starts from zero only at step 0). A small value teaches the model to start
     # from the zero state, as stateless inference and bilm-tf's evaluation do.
     state_reset: float = 0.0
+    # How many of the newest checkpoints stay on disk (besides the best), e.g. to average them.
+    keep_checkpoints: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:

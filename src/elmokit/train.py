@@ -367,7 +367,7 @@ class Trainer:
         result = self.evaluate_heldout()
         if result is not None:
             figures = {"forward": result.forward, "backward": result.backward, "average": result.average}
-            keep_if_best(self.save_dir, folder, self.run.step, figures)
+            keep_if_best(self.save_dir, folder, self.run.step, figures, self.config.keep_checkpoints)
         self.env.barrier()
 
     def save_checkpoint(self) -> Path:
@@ -401,7 +401,7 @@ class Trainer:
 
         def publish() -> None:
             if self.env.is_main:
-                publish_checkpoint(self.save_dir, partial, self.run.step)
+                publish_checkpoint(self.save_dir, partial, self.run.step, self.config.keep_checkpoints)
 
         for action in (make_folder, write_files, publish):
             self._on_every_process(action, partial)
@@ -667,7 +667,7 @@ def train(
     env = setup_distributed(config.device)
     save_dir = Path(config.save_dir)
     if env.is_main:
-        removed = remove_leftovers(save_dir)
+        removed = remove_leftovers(save_dir, config.keep_checkpoints)
         if removed:
             print(f"removed what an interrupted run left in {save_dir}: {', '.join(removed)}")
     own_vocab = save_dir / VOCAB_FILE

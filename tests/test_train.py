@@ -464,7 +464,10 @@ def test_kept_checkpoints_rotate_and_their_average_exports(tmp_path, corpus, cap
     assert code == 0 and "perplexity forward" in out, err
 
     for args, message in [
-        (("export", run, tmp_path / "x", "--average", 4), "holds 3 checkpoint(s) up to the latest (steps 2, 3, 4); train with --keep-checkpoints 4"),
+        (
+            ("export", run, tmp_path / "x", "--average", 4),
+            "holds 3 recent checkpoint(s) (steps 2, 3, 4; the run keeps 3); train with --keep-checkpoints 4",
+        ),
         (("export", tmp_path / "mean", tmp_path / "y", "--average", 2), "--average needs a training save dir"),
         (("export", run, tmp_path / "z", "--average", 2, "--checkpoint", "best"), "not allowed with argument"),
         (("export", run, tmp_path / "z", "--average", 0), "--average"),
@@ -477,6 +480,16 @@ def test_kept_checkpoints_rotate_and_their_average_exports(tmp_path, corpus, cap
     assert code == 0, err
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-000000004", "checkpoint-000000005"]
     assert json.loads((run / "train_config.json").read_text())["keep_checkpoints"] == 2
+    # An older best checkpoint stays on disk but is not one of the recent ones an average takes.
+    import shutil
+
+    shutil.copytree(run / "checkpoint-000000004", run / "checkpoint-000000001")
+    (run / "best.json").write_text(json.dumps({"folder": "checkpoint-000000001", "step": 1, "average": 1.0}))
+    code, _, err = cli(capsys, "export", run, tmp_path / "x", "--average", 3)
+    assert code == 2 and "holds 2 recent checkpoint(s) (steps 4, 5; the run keeps 2)" in err
+    code, _, err = cli(capsys, "export", run, tmp_path / "last2", "--average", 2)
+    assert code == 0, err
+    assert json.loads((tmp_path / "last2" / "training.json").read_text())["averaged_steps"] == [4, 5]
 
 
 def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, capsys, monkeypatch):

@@ -164,18 +164,21 @@ def keep_if_best(
 
 
 def newest_checkpoints(save_dir: Path, n: int) -> list[Path]:
-    """The newest ``n`` checkpoint folders up to the latest, oldest first; an error says how
-    many the save dir holds when it holds fewer."""
+    """The newest ``n`` of the checkpoints a run keeps up to its latest (its newest
+    ``keep_checkpoints``, from train_config.json; an older best checkpoint is not one of them),
+    oldest first; an error says how many it holds when it holds fewer."""
     if n < 1:
         raise ValueError(f"--average must be at least 1, got {n}")
     latest = latest_checkpoint(save_dir)
     if latest is None:
         raise FileNotFoundError(f"{save_dir} has no checkpoint to average (no '{CHECKPOINT_POINTER}')")
-    folders = [p for p in checkpoint_folders(save_dir) if p.name <= latest.name][-n:]
+    config = json.loads((save_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    keep = int(config.get("keep_checkpoints") or 1)
+    folders = [p for p in checkpoint_folders(save_dir) if p.name <= latest.name][-keep:][-n:]
     if len(folders) < n:
         raise ValueError(
-            f"--average {n}: {save_dir} holds {len(folders)} checkpoint(s) up to the latest "
-            f"(steps {', '.join(str(checkpoint_step(p)) for p in folders)}); "
+            f"--average {n}: {save_dir} holds {len(folders)} recent checkpoint(s) "
+            f"(steps {', '.join(str(checkpoint_step(p)) for p in folders)}; the run keeps {keep}); "
             f"train with --keep-checkpoints {n}"
         )
     return folders

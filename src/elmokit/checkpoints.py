@@ -95,10 +95,16 @@ def kept_checkpoints(save_dir: Path, keep: int = 1) -> list[Path]:
     """The checkpoints a run with ``--keep-checkpoints keep`` holds, oldest first: the newest
     ``keep`` folders up to the latest, and the best. A folder newer than the latest (its pointer
     never written) or older than those is a leftover."""
-    latest, best = latest_checkpoint(save_dir), best_checkpoint(save_dir)
-    folders = checkpoint_folders(save_dir)
-    recent = [] if latest is None else [p for p in folders if p.name <= latest.name][-keep:]
-    return sorted(set(recent) | ({best} if best is not None else set()))
+    best = best_checkpoint(save_dir)
+    return sorted(set(recent_checkpoints(save_dir, keep)) | ({best} if best is not None else set()))
+
+
+def recent_checkpoints(save_dir: Path, keep: int) -> list[Path]:
+    """The newest ``keep`` checkpoint folders up to the latest, oldest first (none without one)."""
+    latest = latest_checkpoint(save_dir)
+    if latest is None:
+        return []
+    return [p for p in checkpoint_folders(save_dir) if p.name <= latest.name][-keep:]
 
 
 def prune_checkpoints(save_dir: Path, keep: int = 1) -> list[str]:
@@ -169,12 +175,11 @@ def newest_checkpoints(save_dir: Path, n: int) -> list[Path]:
     oldest first; an error says how many it holds when it holds fewer."""
     if n < 1:
         raise ValueError(f"--average must be at least 1, got {n}")
-    latest = latest_checkpoint(save_dir)
-    if latest is None:
+    if latest_checkpoint(save_dir) is None:
         raise FileNotFoundError(f"{save_dir} has no checkpoint to average (no '{CHECKPOINT_POINTER}')")
     config = json.loads((save_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     keep = int(config.get("keep_checkpoints") or 1)
-    folders = [p for p in checkpoint_folders(save_dir) if p.name <= latest.name][-keep:][-n:]
+    folders = recent_checkpoints(save_dir, keep)[-n:]
     if len(folders) < n:
         raise ValueError(
             f"--average {n}: {save_dir} holds {len(folders)} recent checkpoint(s) "

@@ -33,6 +33,24 @@ class Terminated(KeyboardInterrupt):
     signum = signal.SIGTERM
 
 
+_signalled: list[int] = []  # signals that arrived while terminate_raises' handlers were installed
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    if signum == signal.SIGTERM:
+        return Terminated("terminated by SIGTERM")
+    return KeyboardInterrupt()
+
+
+def raise_if_signalled() -> None:
+    """Raise the interrupt of a signal that arrived while ``terminate_raises`` was open, if one
+    did: its handler raised already, but Python drops an exception raised inside a finalizer
+    (``__del__``, a generator closed by the garbage collector), so long writes call this before
+    they commit anything."""
+    if _signalled:
+        raise _interrupt(_signalled[0])
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -100,27 +118,36 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> Path:
 
 @contextmanager
 def terminate_raises() -> Iterator[None]:
-    """While open, SIGTERM raises ``Terminated`` (so ``finally`` blocks run), unless SIGTERM
-    already has a handler of the program's own or this is not the main thread."""
+    """While open, SIGTERM raises ``Terminated`` (so ``finally`` blocks run) and Ctrl-C
+    KeyboardInterrupt as usual, and both are recorded for ``raise_if_signalled``; a signal that
+    has a handler of the program's own keeps it, and outside the main thread nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-    except ValueError:
-        previous = None
-    if previous is not signal.SIG_DFL:
+    ours = {}
+    for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+        try:
+            if signal.getsignal(signum) is default:
+                ours[signum] = default
+        except ValueError:
+            pass
+    if not ours:  # the program's own handlers, or an outer terminate_raises, are in place
         yield
         return
 
     def handler(signum, frame) -> None:
-        raise Terminated("terminated by SIGTERM")
+        _signalled.append(signum)
+        raise _interrupt(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    _signalled.clear()
+    for signum in ours:
+        signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, previous in ours.items():
+            signal.signal(signum, previous)
+        _signalled.clear()
 
 
 @contextmanager
@@ -141,6 +168,7 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
         tmp = _temporary(target)
         try:
             yield tmp
+            raise_if_signalled()
             os.chmod(tmp, 0o666 & ~_umask())
             if overwrite:
                 os.replace(tmp, target)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from . import kernels
-from .atomic import atomic_path, check_output
+from .atomic import atomic_path, check_output, raise_if_signalled
 from .bilm import BiLM, CarriedState
 from .characters import check_token_lists
 from .devices import resolve_device
@@ -522,6 +522,7 @@ def _write_token_vectors(
         dataset = out.create_dataset("embedding", shape=shape, dtype=np.float32)
         first = 0
         for block in blocks:
+            raise_if_signalled()
             dataset[first : first + len(block)] = block
             first += len(block)
         if first != shape[0]:
@@ -546,6 +547,7 @@ def _write_vectors(
         with h5py.File(tmp_name, "w", libver=("v108", "v108")) as out:
             matrix = None if row_shape is None else _Rows(out, POOLED_DATASET, row_shape)
             for i, (text, array) in enumerate(rows):
+                raise_if_signalled()  # a signal whose exception Python dropped stops the write too
                 if matrix is None:
                     out.create_dataset(str(i), data=array)
                 else:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .atomic import terminate_raises, write_json
+from .atomic import raise_if_signalled, terminate_raises, write_json
 from .checkpoints import (
     CHECKPOINT_POINTER,
     CONFIG_FILE,
@@ -162,6 +162,7 @@ def copy_with_start_state(folder: str | Path, out_dir: str | Path, state: LstmSt
             mask = os.umask(0)
             os.umask(mask)
             os.chmod(tmp, 0o777 & ~mask)
+            raise_if_signalled()
             os.rename(tmp, out)  # replaces an empty folder
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent  # the installed package
 MODELS_DIR = Path(__file__).parent / "models"
 TINY_REFERENCE = "elmo-tiny-reference"  # the original's test model: checks only
-NEWS_MODEL = "elmo-news-512"  # trained by elmokit on English news, see its README.md
+NEWS_MODEL = "elmo-news-512"  # trained by elmokit on English news and Wikipedia, see its README.md
 DEFAULT_MODEL = NEWS_MODEL  # used when no model is given
 
 

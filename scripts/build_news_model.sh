@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce version 2 of the shipped English model elmo-news-512 (news only) from the raw news text,
-# in one command (version 3 continues that run on news + Wikipedia: checkpoints/README.md):
+# in one command (versions 3 and 4 continue that run on news + Wikipedia: checkpoints/README.md):
 #
 #   bash scripts/build_news_model.sh DATA_DIR [RUN_DIR] [STEPS]
 #

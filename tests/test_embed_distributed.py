@@ -125,7 +125,9 @@ def test_torchrun_embed_equals_one_process(tmp_path):
     one progress bar and one summary."""
     lines = corpus_lines(seed=1)
     write_lines(tmp_path / "in.txt", lines)
+    # --device cpu: two CPU processes (gloo) also on a machine with fewer GPUs than processes
     args = ["embed", "in.txt", "--model", MODEL, "--batch-size", "4", "--layers", "top", "--mode", "zero"]
+    args += ["--device", "cpu"]
     one = subprocess.run(
         [sys.executable, "-m", "elmokit.cli", *args[:2], "one.hdf5", *args[2:], "--quiet"],
         cwd=tmp_path,
@@ -202,6 +204,8 @@ def test_a_bad_line_stops_every_process_and_leaves_nothing(tmp_path):
             MODEL,
             "--nproc",
             "2",
+            "--device",
+            "cpu",
         ],
         cwd=tmp_path,
         env=ENV,
@@ -242,7 +246,19 @@ def test_a_killed_process_leaves_the_previous_output(tmp_path, launcher, victim)
     write_lines(tmp_path / "in.txt", lines)
     previous = b"the previous output"
     (tmp_path / "out.hdf5").write_bytes(previous)
-    args = ["embed", "in.txt", "out.hdf5", "--model", MODEL, "--batch-size", "4", "--overwrite", "--quiet"]
+    args = [
+        "embed",
+        "in.txt",
+        "out.hdf5",
+        "--model",
+        MODEL,
+        "--batch-size",
+        "4",
+        "--overwrite",
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     if launcher == "nproc":
         command = [sys.executable, "-m", "elmokit.cli", *args, "--nproc", "2"]
     else:
@@ -294,7 +310,10 @@ def test_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
     assert chosen == [torch.device(f"cuda:{i}") for i in (1, 1, 3, 2)]
     monkeypatch.delenv("ELMOKIT_GPUS")
     monkeypatch.setenv("LOCAL_RANK", "5")
-    with pytest.raises(ValueError, match=r"^device 'cuda:5' does not exist: this machine has 4 CUDA GPU"):
+    with pytest.raises(
+        ValueError,
+        match=r"^device .cuda:5. does not exist: this machine has 4 CUDA GPU.*local rank 5: start as many processes per machine as it has GPUs, or pass --device cpu\)$",
+    ):
         process_device(None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
     assert process_device(None) == torch.device("cpu")

@@ -45,12 +45,20 @@ def process_device(device: str | torch.device | None = None) -> torch.device:
     of ELMOKIT_GPUS ("0,2"); anything else as ``resolve_device`` gives it (None without a GPU:
     cpu). The GPU is made this process's current device."""
     cuda = torch.cuda.is_available()
+    hint = ""
     if (device is None and cuda) or str(device) == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         gpus = os.environ.get("ELMOKIT_GPUS")
         index = int(gpus.split(",")[local_rank]) if gpus else local_rank
         device = f"cuda:{index}"
-    resolved = resolve_device(device)
+        hint = (
+            f" (the GPU of the process of local rank {local_rank}: start as many processes per "
+            "machine as it has GPUs, or pass --device cpu)"
+        )
+    try:
+        resolved = resolve_device(device)
+    except ValueError as error:
+        raise ValueError(f"{error}{hint}") from None
     if resolved.type == "cuda" and resolved.index is not None:
         torch.cuda.set_device(resolved)
     return resolved

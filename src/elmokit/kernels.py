@@ -4,7 +4,8 @@ and the one switch that turns them off.
 The kernels, by name (``enabled(name)``):
 
 - ``char_cnn_matmul``: a narrow convolution's max over positions as one matmul of the unfolded
-  windows (``max_over_windows``); plain form: ``conv1d``.
+  windows (``max_over_windows``; on a GPU in float32 at every width, to keep cuDNN's TF32 out);
+  plain form: ``conv1d``.
 - ``sampled_softmax``: the sampled softmax's log partition in one (N, S) buffer with a
   hand-written backward pass, accidental hits found by binary search (``sampled_log_partition``);
   plain form: ``cross_entropy`` over the concatenated logits.
@@ -12,6 +13,8 @@ The kernels, by name (``enabled(name)``):
   ``TokenCache``; see ``token_cache``); plain form: every call encodes its tokens.
 - ``lstm_inplace``: without autograd, an LSTM layer's steps written into buffers made once per
   call (``lstm_layer_inplace``); plain form: ``BiLstmLayer._step`` out of place, step by step.
+- ``pinned_copy``: the Embedder's vectors copied from a GPU through a page-locked buffer
+  (``Embedder._to_host``); plain form: ``.cpu()``.
 
 Each gives the values and gradients of its plain form up to float rounding
 (tests/test_fast_paths.py, tests/test_training_kernels.py), and each was kept because it is at
@@ -37,7 +40,7 @@ from torch import nn
 
 __all__ = ["NAMES", "disabled", "enabled", "needs_autograd", "parse", "set_enabled"]
 
-NAMES = ("char_cnn_matmul", "sampled_softmax", "token_cache", "lstm_inplace")
+NAMES = ("char_cnn_matmul", "sampled_softmax", "token_cache", "lstm_inplace", "pinned_copy")
 ENVIRONMENT_VARIABLE = "ELMOKIT_KERNELS"
 
 
@@ -130,8 +133,12 @@ def max_over_windows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     Plain form: ``conv1d(x, weight, bias)`` and its max (``_max``). Kernel ``char_cnn_matmul``: up to
     ``MATMUL_MAX_WIDTH`` characters (the short length buckets, most tokens) one matmul of the
     unfolded windows (n * positions, char_dim * filter_width) with the weight; over wider inputs
-    ``conv1d`` is faster."""
-    if x.shape[-1] > MATMUL_MAX_WIDTH or "char_cnn_matmul" not in _on:
+    ``conv1d`` is faster on a CPU. On a GPU in float32 the kernel takes the matmul at every width:
+    cuDNN runs float32 convolutions in TF32 by default (10-bit mantissas, errors near 1e-3), a
+    float32 matmul keeps full precision unless the caller lowers
+    ``torch.set_float32_matmul_precision``."""
+    exact_gpu = x.is_cuda and x.dtype == torch.float32
+    if (x.shape[-1] > MATMUL_MAX_WIDTH and not exact_gpu) or "char_cnn_matmul" not in _on:
         out, dim = F.conv1d(x, weight, bias), -1
     else:
         n, char_dim, _ = x.shape
@@ -305,4 +312,3 @@ def lstm_layer_inplace(
     if len(ran):
         final_h[:, ran.to(h0.device)] = out[:, packing.last[ran].to(out.device)]
     return out, final_h, c
-

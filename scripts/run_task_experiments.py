@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # (train, dev, test) relative to --data
@@ -267,7 +269,8 @@ def report(args: argparse.Namespace, runs: list[Run], results: dict[Run, dict], 
         lines += ["", "biLM layers, computed once per data set and cached (not included above):", ""]
         for task, c in cache.items():
             state = "computed" if c["computed"] else "already cached"
-            lines.append(f"- {task}: {c['cpu_seconds']:.0f} CPU s, {c['wall_seconds']:.0f} s wall ({state})")
+            wall = "wall not recorded" if c.get("wall_seconds") is None else f"{c['wall_seconds']:.0f} s wall"
+            lines.append(f"- {task}: {c['cpu_seconds']:.0f} CPU s, {wall} ({state})")
     lines += ["", "Commands (one per run; `--seed` varies):", ""]
     seen = set()
     for run in runs:
@@ -370,13 +373,16 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(command(run, args)))
         return 0
     cache_file = args.out / "cache-times.json"
-    cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
     if not args.report_only and any(r.elmo for r in runs):
         new = fill_cache(args, runs)
-        for task, info in new.items():
-            if info["computed"] or task not in cache:
-                cache[task] = info
-        cache_file.write_text(json.dumps(cache, indent=2) + "\n")
+        # read, merge and write under a lock: runs of other tasks into the same OUT may do the same
+        with FileLock(f"{cache_file}.lock"):
+            cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+            for task, info in new.items():
+                if info["computed"] or task not in cache:
+                    cache[task] = info
+            cache_file.write_text(json.dumps(cache, indent=2) + "\n")
+    cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
     results: dict[Run, dict] = {}
     if args.report_only:
         for run in runs:

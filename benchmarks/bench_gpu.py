@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from typing import Any
@@ -31,16 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 from bench_bilm import read_sentences
+from common import shown_command, synchronize
 
 import elmokit
 from elmokit import kernels
 from elmokit.embed import Embedder
 from elmokit.options import preset
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def embed_rate(embedder: Embedder, sentences: list[list[str]], budget: float) -> tuple[float, int]:
@@ -64,12 +59,12 @@ def bilm_rate(model: elmokit.BiLM, sentences: list[list[str]], size: int, budget
     batches = [sentences[i : i + size] for i in range(0, len(sentences), size)]
     ids = [elmokit.batch_to_ids(b).to(device) for b in batches]
     model(ids[0])  # warm-up
-    sync(device)
+    synchronize(device)
     tokens, elapsed = 0, 0.0
     for batch, x in zip(batches, ids):
         start = time.perf_counter()
         model(x)
-        sync(device)
+        synchronize(device)
         elapsed += time.perf_counter() - start
         tokens += sum(len(s) for s in batch)
         if elapsed >= budget:
@@ -120,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_gpu: no CUDA GPU on this machine")
-    command = shlex.join(["python", *sys.argv])
+    command = shown_command("bench_gpu.py", sys.argv[1:] if argv is None else argv)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"command: {command}\n{name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     sentences = read_sentences(args.sentences, args.n_sentences)

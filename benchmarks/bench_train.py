@@ -51,15 +51,19 @@ from typing import Any
 import numpy as np
 import torch
 from bench_bilm import BUSY, cpu_sample, kernel_settings, median, others_busy, rss_mb
-from common import LM1B_SHARDS, Pauser, matmul_rate, run_child, thread_env, wait_until_quiet, write_report
+from common import (
+    LM1B_SHARDS,
+    Pauser,
+    matmul_rate,
+    run_child,
+    synchronize,
+    thread_env,
+    wait_until_quiet,
+    write_report,
+)
 
 # The target for the small preset on 2 CPU threads.
 TARGET = {"preset": "small", "batch_size": 32, "unroll_steps": 20, "negatives": 8192, "tokens_per_s": 1100}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def build_trainer(
@@ -120,7 +124,7 @@ def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     for i in range(spec["warmup"] * len(settings)):
         use(settings[i % len(settings)])
         trainer.step(next(batches))
-    _sync(device)
+    synchronize(device)
     times: dict[str, dict[str, list[float]]] = {s: {"data": [], "step": [], "loss": []} for s in settings}
     distinct: list[float] = []  # distinct tokens (char-id rows) / tokens, both directions
     cpu_before = cpu_sample()
@@ -132,7 +136,7 @@ def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         batch = next(batches)
         middle = time.perf_counter()
         forward, backward = trainer.step(batch)  # returns floats: synchronizes a GPU
-        _sync(device)
+        synchronize(device)
         end = time.perf_counter()
         times[setting]["data"].append(middle - start)
         times[setting]["step"].append(end - middle)
@@ -189,7 +193,7 @@ def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dic
     with torch_profile(activities=activities, with_flops=True) as prof:
         for batch in inputs:
             trainer.step(batch)
-        _sync(device)
+        synchronize(device)
     wall = time.perf_counter() - start
     averages = prof.key_averages()
     total_self = sum(e.self_cpu_time_total for e in averages)

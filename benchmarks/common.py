@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from bench_bilm import cpu_sample, matmul_gflops, others_busy
 
 # ../shared/data beside the repository (the project's shared data folder).
@@ -199,6 +200,12 @@ def matmul_rate(threads: int, pauser: Pauser) -> tuple[float, float]:
         before = cpu_sample()
         rate = matmul_gflops(threads)
         return rate, others_busy(before, cpu_sample())
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU): before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def shown_command(script: str, argv: list[str]) -> str:

@@ -17,9 +17,9 @@ The kernels, by name (``enabled(name)``):
   (``Embedder._to_host``); plain form: ``.cpu()``.
 
 Each gives the values and gradients of its plain form up to float rounding
-(tests/test_fast_paths.py, tests/test_training_kernels.py), and each was kept because it is at
-least 5% faster somewhere (benchmarks/results/kernels.md; variants that were not, such as
-a hand-written LSTM backward pass, were removed). The switch: ``enabled()``,
+(tests/test_fast_paths.py, tests/test_training_kernels.py; on a GPU tests/test_cuda.py), and
+each was kept because it is at least 5% faster somewhere (benchmarks/results/kernels.md;
+variants that were not, such as a hand-written LSTM backward pass, were removed). The switch: ``enabled()``,
 ``set_enabled(flag, *names)`` and ``with disabled(*names):``. The environment variable
 ``ELMOKIT_KERNELS`` sets it at import (``parse``): ``0`` (all off), ``1`` (all on, the default), a
 comma list of the names to turn on, or of names prefixed with ``-`` to turn off.

@@ -31,6 +31,7 @@ import torch
 
 from .atomic import atomic_path, write_json, write_text
 from .atomic import remove_leftovers as remove_temporary_files
+from .tensorfiles import load_tensors
 
 CHECKPOINT_POINTER = "latest"
 BEST_POINTER = "best.json"
@@ -71,8 +72,9 @@ def checkpoint_folder(save_dir: Path, which: str = "latest") -> Path | None:
 
 
 def load_checkpoint_file(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read a checkpoint file without unpickling arbitrary objects."""
-    return torch.load(path, map_location=device, weights_only=True)
+    """Read a checkpoint file without unpickling arbitrary objects (``TensorFileError`` in one
+    line for a damaged file or one that holds code)."""
+    return load_tensors(path, map_location=device)
 
 
 def save_checkpoint_file(value: dict[str, Any], path: Path) -> None:

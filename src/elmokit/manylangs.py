@@ -52,6 +52,7 @@ from .char_cnn import TokenEncoder
 from .characters import check_token_lists
 from .lstm import FORGET_BIAS
 from .options import BiLMOptions, CharCNNOptions, LstmOptions, OptionsError, _integer, _shown
+from .tensorfiles import TensorFileError, load_tensors
 
 __all__ = [
     "ManyLangsBiLM",
@@ -360,12 +361,9 @@ def _state_dict(path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, tor
     """A torch state dict read with ``weights_only=True`` (tensors and plain containers only,
     never code), holding exactly the tensors of ``shapes`` (-1: any size), finite, as float32."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many kinds for a file it cannot read
-        raise ManyLangsError(
-            f"{path}: not a torch state dict that loads with weights_only=True (elmokit never runs "
-            f"code from a model file): {_first_line(err)}"
-        ) from None
+        state = load_tensors(path)
+    except TensorFileError as err:
+        raise ManyLangsError(str(err)) from None
     if not isinstance(state, dict):
         raise ManyLangsError(
             f"{path}: expected a state dict (names -> tensors), found {type(state).__name__}"
@@ -555,13 +553,3 @@ def _rows(entries: dict[str, int]) -> int:
     """The embedding rows a dictionary needs: ELMoForManyLangs makes one per entry, and every id
     must be one of them."""
     return max(len(entries), max(entries.values(), default=-1) + 1)
-
-
-def _first_line(err: BaseException) -> str:
-    """What torch's error says, in one line: the global it refused (without its advice to allow
-    it), else its first line."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    refused = next((line for line in lines if "Unsupported global" in line), None)
-    if refused is not None:
-        return refused.split(" was not an allowed global")[0] + " is not allowed"
-    return lines[0] if lines else type(err).__name__

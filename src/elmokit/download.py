@@ -504,7 +504,12 @@ def _open(url: str, headers: dict[str, str], watch: _Watch) -> Any:
     host = urllib.parse.urlsplit(url).hostname or url
     watch.arm(HEADER_DEADLINE, f"no complete answer from {host} within {HEADER_DEADLINE:.0f} s")
     try:
-        return opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT)
+        response = opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT)
+        watch.disarm()
+        if watch.fired:  # http.client takes headers cut by the watchdog as complete
+            response.close()
+            raise DownloadError(f"cannot download {url}: {watch.fired}")
+        return response
     except DownloadError:
         raise
     except urllib.error.HTTPError as err:
@@ -795,7 +800,7 @@ def _zip_problem(path: Path) -> str | None:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
     except (zipfile.BadZipFile, ValueError, EOFError) as err:
-        return f"not a readable zip archive ({err}: cut short or damaged)"
+        return f"not a readable zip archive (cut short or damaged: {err})"
     end = max((m.header_offset for m in members), default=0)
     if end > path.stat().st_size:
         return "not a readable zip archive (its members lie beyond its end: cut short)"

@@ -18,7 +18,6 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 

@@ -595,7 +595,8 @@ def _transfer(
         if decoder is not None:  # a decoded body is not resumable (ranges count encoded bytes)
             validators = {"etag": None, "last_modified": None}
         saved_state = {"url": url, **validators, "total": total}
-        write_json(state, {**saved_state, "checked": None})
+        # the part as resumed was checked and hashed just now: a checkpoint of all of it
+        write_json(state, {**saved_state, "checked": [have, resume.sha256.hexdigest()] if resume else None})
         if total is not None:
             _check_space(url, entry, total - have)
         sha256 = resume.sha256 if resume else hashlib.sha256()
@@ -833,11 +834,10 @@ def _hdf5_problem(path: Path) -> str | None:
         return f"not an HDF5 file this elmokit reads (superblock version {version})"
     if width not in (2, 4, 8) or fields + width * (eof_field + 1) > len(block):
         return "not a whole HDF5 file (its superblock is cut short or damaged)"
-    base = int.from_bytes(block[fields : fields + width], "little")
     at = fields + width * eof_field
-    eof = int.from_bytes(block[at : at + width], "little")
-    if base + eof > size:
-        return f"not a whole HDF5 file ({size:,} bytes, but its superblock says {base + eof:,}: cut short)"
+    eof = int.from_bytes(block[at : at + width], "little")  # the library counts a user block in it
+    if eof > size:
+        return f"not a whole HDF5 file ({size:,} bytes, but its superblock says {eof:,}: cut short)"
     return None
 
 

@@ -97,7 +97,7 @@ def _check_files_and_folders(path: Path, members: list[zipfile.ZipInfo]) -> None
     files = {"/".join(_parts(m.filename)).casefold(): m.filename for m in members if not m.is_dir()}
     for info in members:
         parts = _parts(info.filename)
-        for depth in range(1, len(parts)):
+        for depth in range(1, len(parts)):  # ("x" and "x/" are one name: refused as a duplicate)
             folder = "/".join(parts[:depth]).casefold()
             if folder in files:
                 raise ArchiveError(

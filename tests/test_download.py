@@ -52,6 +52,8 @@ def _zip(members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes
 
 
 NLPL_ZIP = _zip({"options.json": OPTIONS, "model.hdf5": WEIGHTS, "vocab.txt": VOCAB})
+BIG = _zip({"x": os.urandom(299_900)}, zipfile.ZIP_STORED)  # 300,000 bytes that do not compress
+assert len(BIG) == 300_000
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -122,7 +124,7 @@ def server(monkeypatch, tmp_path):
             "/m/209.zip": NLPL_ZIP,
             "/m/options.json": OPTIONS,
             "/m/weights.hdf5": WEIGHTS,
-            "/big.bin": os.urandom(300_000),
+            "/big.zip": BIG,
         }
     )
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -147,13 +149,13 @@ def _leftovers(url: str) -> list[str]:
 
 # -- downloads -----------------------------------------------------------------------------------
 def test_download_then_cache_hit_without_the_server(server):
-    url = server.url("/big.bin")
+    url = server.url("/big.zip")
     path = fetch(url, progress=False)
-    assert path.read_bytes() == server.files["/big.bin"]
+    assert path.read_bytes() == server.files["/big.zip"]
     meta = json.loads((path.parent / "meta.json").read_text())
     assert meta["url"] == url and meta["size"] == 300_000
-    assert meta["sha256"] == meta["first_sha256"] == hashlib.sha256(server.files["/big.bin"]).hexdigest()
-    assert _leftovers(url) == ["big.bin", "meta.json"]  # no partial file
+    assert meta["sha256"] == meta["first_sha256"] == hashlib.sha256(server.files["/big.zip"]).hexdigest()
+    assert _leftovers(url) == ["big.zip", "meta.json"]  # no partial file
     server.shutdown()
     server.server_close()  # no network from here on
     assert fetch(url, progress=False) == path
@@ -161,36 +163,36 @@ def test_download_then_cache_hit_without_the_server(server):
 
 
 def test_a_cut_body_is_refused_then_resumed_with_a_range_request(server):
-    url, data = server.url("/big.bin"), server.files["/big.bin"]
-    server.cut["/big.bin"] = 120_000
+    url, data = server.url("/big.zip"), server.files["/big.zip"]
+    server.cut["/big.zip"] = 120_000
     with pytest.raises(DownloadError) as err:
         fetch(url, progress=False)
     assert str(err.value) == (
         f"download of {url} was cut short: 120,000 of 300,000 bytes received (the server closed the "
         "connection early); the partial download is kept, run again to resume"
     )
-    assert "big.bin" not in _leftovers(url) and (entry_dir(url) / ".big.bin.part").stat().st_size == 120_000
-    del server.cut["/big.bin"]
+    assert "big.zip" not in _leftovers(url) and (entry_dir(url) / ".big.zip.part").stat().st_size == 120_000
+    del server.cut["/big.zip"]
     assert fetch(url, progress=False).read_bytes() == data
-    assert server.requests[-1] == ("/big.bin", "bytes=120000-")
-    assert _leftovers(url) == ["big.bin", "meta.json"]
+    assert server.requests[-1] == ("/big.zip", "bytes=120000-")
+    assert _leftovers(url) == ["big.zip", "meta.json"]
 
 
 def test_a_server_without_ranges_restarts_the_download(server):
-    url, data = server.url("/big.bin"), server.files["/big.bin"]
-    server.cut["/big.bin"] = 50_000
+    url, data = server.url("/big.zip"), server.files["/big.zip"]
+    server.cut["/big.zip"] = 50_000
     with pytest.raises(DownloadError, match="cut short: 50,000 of 300,000 bytes"):
         fetch(url, progress=False)
-    del server.cut["/big.bin"]
+    del server.cut["/big.zip"]
     server.ranges = False
     assert fetch(url, progress=False).read_bytes() == data  # 200 to the Range request: from byte 0
-    assert server.requests[-1] == ("/big.bin", "bytes=50000-")
+    assert server.requests[-1] == ("/big.zip", "bytes=50000-")
 
 
 def test_a_killed_download_leaves_no_file_under_its_name_and_resumes(server):
-    url, data = server.url("/big.bin"), server.files["/big.bin"]
-    release = server.stall["/big.bin"] = threading.Event()
-    part = entry_dir(url) / ".big.bin.part"
+    url, data = server.url("/big.zip"), server.files["/big.zip"]
+    release = server.stall["/big.zip"] = threading.Event()
+    part = entry_dir(url) / ".big.zip.part"
     child = subprocess.Popen(
         [sys.executable, "-c", f"from elmokit.download import fetch; fetch({url!r}, progress=False)"],
         env={**os.environ},
@@ -204,10 +206,10 @@ def test_a_killed_download_leaves_no_file_under_its_name_and_resumes(server):
         child.send_signal(signal.SIGKILL)
         child.wait()
     release.set()
-    del server.stall["/big.bin"]
-    assert not (entry_dir(url) / "big.bin").exists() and not (entry_dir(url) / "meta.json").exists()
+    del server.stall["/big.zip"]
+    assert not (entry_dir(url) / "big.zip").exists() and not (entry_dir(url) / "meta.json").exists()
     assert fetch(url, progress=False).read_bytes() == data
-    assert server.requests[-1] == ("/big.bin", "bytes=150000-")
+    assert server.requests[-1] == ("/big.zip", "bytes=150000-")
 
 
 @pytest.mark.parametrize(("status", "reason"), [(404, "Not Found"), (500, "Internal Server Error")])
@@ -269,7 +271,7 @@ def test_a_full_disk_is_one_line(server, monkeypatch):
 
     from elmokit import download
 
-    url = server.url("/big.bin")
+    url = server.url("/big.zip")
     monkeypatch.setattr(
         download.shutil, "disk_usage", lambda path: real_shutil._ntuple_diskusage(10**9, 10**9, 1000)
     )
@@ -277,7 +279,7 @@ def test_a_full_disk_is_one_line(server, monkeypatch):
         DownloadError, match=rf"^disk full: {url} needs 300,000 more bytes but \S+ has 1,000 free"
     ):
         fetch(url, progress=False)
-    assert "big.bin" not in _leftovers(url)
+    assert "big.zip" not in _leftovers(url)
 
 
 def test_offline_uses_the_cache_and_names_what_is_missing(server, monkeypatch):
@@ -294,21 +296,21 @@ def test_offline_uses_the_cache_and_names_what_is_missing(server, monkeypatch):
 
 
 def test_two_threads_fetching_one_url_download_it_once(server):
-    url = server.url("/big.bin")
+    url = server.url("/big.zip")
     results: list[Path] = []
     threads = [threading.Thread(target=lambda: results.append(fetch(url, progress=False))) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(set(results)) == 1 and results[0].read_bytes() == server.files["/big.bin"]
-    assert [r for r in server.requests if r[0] == "/big.bin"] == [("/big.bin", None)]
+    assert len(set(results)) == 1 and results[0].read_bytes() == server.files["/big.zip"]
+    assert [r for r in server.requests if r[0] == "/big.zip"] == [("/big.zip", None)]
 
 
 def test_progress_bar_shows_size_and_speed(server, capsys):
-    fetch(server.url("/big.bin"), progress=True)
+    fetch(server.url("/big.zip"), progress=True)
     err = capsys.readouterr().err
-    assert "big.bin" in err and "293k/293k" in err and "B/s" in err
+    assert "big.zip" in err and "293k/293k" in err and "B/s" in err
 
 
 # -- models from archives and URLs ---------------------------------------------------------------

@@ -2,15 +2,19 @@
 
 An archive is data from anywhere. Before anything is written, every member is checked: no
 absolute path, drive letter or ``..`` (nothing lands outside the target folder), no link or
-device, no encryption, no duplicate name, and sizes within bounds (a zip bomb declares absurd
-sizes or compression ratios). While unpacking, no member may produce more bytes than it declares,
-and zipfile checks each CRC. Members are unpacked into a fresh temporary folder beside the target
-that is renamed into place only when complete, so a crash or Ctrl-C leaves no half-unpacked
-model; a leftover temporary folder of a killed process is removed by the next unpack.
+device, no encryption, no duplicate name, no name that is both a file and a folder (``x`` and
+``x/y``), and sizes within bounds: per member and for the whole archive (a zip bomb declares
+absurd sizes or compression ratios, or many members that each look harmless), and no more than
+the disk holds. A full disk or another failure while unpacking is one line naming the archive.
+While unpacking, no member may produce more bytes than it declares, and zipfile checks each CRC.
+Members are unpacked into a fresh temporary folder beside the target that is renamed into place
+only when complete, so a crash or Ctrl-C leaves no half-unpacked model; a leftover temporary
+folder of a killed process is removed by the next unpack.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -24,6 +28,8 @@ MAX_MEMBERS = 10_000
 MAX_TOTAL_BYTES = 64 * 2**30  # the largest ELMo archives are a few GB
 MAX_RATIO = 200  # uncompressed / compressed; HDF5 weights compress ~1.1x, text ~4x, zip bombs >1000x
 _RATIO_FLOOR = 1 << 20  # members smaller than this are not ratio-checked
+MAX_TOTAL_RATIO = 20  # all members / the archive's size: model archives are under 2 (weights ~1.1x)
+_TOTAL_RATIO_FLOOR = 16 << 20  # archives that unpack to less than this are not ratio-checked
 _TEMP_PREFIX = ".unpacking-"
 
 
@@ -76,7 +82,28 @@ def check_zip(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
                 f"{where} claims {info.file_size:,} bytes from {info.compress_size:,} compressed "
                 f"(ratio over {MAX_RATIO}); refused as a zip bomb"
             )
+    if total > _TOTAL_RATIO_FLOOR and total > MAX_TOTAL_RATIO * max(path.stat().st_size, 1):
+        raise ArchiveError(
+            f"{path}: its members add up to {total:,} bytes from a {path.stat().st_size:,}-byte archive "
+            f"(ratio over {MAX_TOTAL_RATIO}); refused as a zip bomb"
+        )
+    _check_files_and_folders(path, members)
     return members
+
+
+def _check_files_and_folders(path: Path, members: list[zipfile.ZipInfo]) -> None:
+    """Refuse a name that is a file member and also the folder of another member (``x`` and
+    ``x/y``): unpacking one would fail on the other."""
+    files = {"/".join(_parts(m.filename)).casefold(): m.filename for m in members if not m.is_dir()}
+    for info in members:
+        parts = _parts(info.filename)
+        for depth in range(1, len(parts)):  # ("x" and "x/" are one name: refused as a duplicate)
+            folder = "/".join(parts[:depth]).casefold()
+            if folder in files:
+                raise ArchiveError(
+                    f"{path}: member {files[folder]!r} is a file but {info.filename!r} uses it as a "
+                    "folder; refused"
+                )
 
 
 def unpack_zip(path: str | os.PathLike, target: str | os.PathLike) -> Path:
@@ -88,10 +115,14 @@ def unpack_zip(path: str | os.PathLike, target: str | os.PathLike) -> Path:
         return target
     members = check_zip(path)
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(parent)
-    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=parent))
+    temp: Path | None = None
     try:
+        parent.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(parent)
+        needed, free = sum(m.file_size for m in members), shutil.disk_usage(parent).free
+        if needed > free:
+            raise OSError(errno.ENOSPC, f"{needed:,} bytes needed, {free:,} free")
+        temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=parent))
         with zipfile.ZipFile(path) as archive:
             for info in members:
                 _unpack_member(archive, info, temp, path)
@@ -102,10 +133,23 @@ def unpack_zip(path: str | os.PathLike, target: str | os.PathLike) -> Path:
                 raise
     except zipfile.BadZipFile as err:
         raise ArchiveError(f"{path}: damaged archive ({err})") from None
+    except OSError as err:
+        raise type(err)(_unpack_failure(path, parent, err)) from None
     finally:
-        if temp.exists():
+        if temp is not None and temp.exists():
             shutil.rmtree(temp, ignore_errors=True)
     return target
+
+
+def _unpack_failure(path: Path, parent: Path, err: OSError) -> str:
+    """One line: why ``path`` could not be unpacked into ``parent``."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"disk full: no space left in {parent} to unpack {path} ({err.strerror}); free some space "
+            "or set ELMOKIT_CACHE to a folder on a larger disk"
+        )
+    where = f" ({err.filename})" if err.filename else ""
+    return f"cannot unpack {path} into {parent}: {err.strerror or err}{where}"
 
 
 def _parts(name: str) -> list[str]:

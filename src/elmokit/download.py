@@ -5,15 +5,33 @@ Linux, ``~/Library/Caches/elmokit`` on macOS, ``%LOCALAPPDATA%\\elmokit\\Cache``
 Each URL has its own folder ``downloads/<sha256(url)[:16]>-<file name>`` holding
 
 - the file, under its final name only once it is complete and verified;
-- ``.NAME.part`` (+ ``.NAME.part.json``: the server's ETag/Last-Modified) while it downloads: a
-  killed or cut download leaves only these, and the next attempt resumes them with an HTTP Range
-  request (``If-Range`` makes a changed file restart) or restarts where the server has no ranges;
+- ``.NAME.part`` (+ ``.NAME.part.json``: the server's ETag/Last-Modified, the size and a
+  checkpoint: the sha256 of the part's first bytes) while it downloads: a killed or cut download
+  leaves only these, and the next attempt resumes them with an HTTP Range request (``If-Range``
+  makes a changed file restart) or restarts from byte 0: where the server has no ranges, gave no
+  validator (a Range without If-Range could splice two versions of the file), answers from
+  another byte, or the part no longer matches its checkpoint;
 - ``meta.json``: url, size, sha256 (and md5), date, and the sha256 of the first download, so a
   later use notices a cached file that changed and a forced download notices a changed publisher
   file;
 - ``unpacked/``: an archive's members (elmokit.sources), removed when the archive is downloaded
   again;
 - ``.lock``: two processes fetching the same URL take turns (the second finds the file done).
+
+A download is the publisher's file or nothing: before it gets its final name it must be the
+kind of file it should be (from the registry, else from the URL's name: a ``.zip`` a readable zip
+archive, an ``.hdf5``/``.h5`` an HDF5 file that is not cut short, a ``.json`` JSON that parses,
+any other name one of the three), of the size the server announced (Content-Length,
+Content-Range) and the publisher gives, with the publisher's checksum where one is known. An
+HTML page (Content-Type text/html: an error, login or captive-portal page) is refused, a
+gzip-encoded body is decoded (another encoding is refused), a server that sends under
+``MIN_RATE`` bytes/s for ``RATE_WINDOW`` s or no complete answer within ``HEADER_DEADLINE`` s is
+given up, and a redirect is followed only to http or https, at most ``MAX_REDIRECTS`` times.
+
+The transport is the standard library's urllib (it keeps proxies and certificates as Python
+configures them), with three handlers of its own: the redirect rules above, a one-line error
+for a loop, and connections that hand their socket to a watchdog, since urllib's timeout is per
+read and a server that drips one byte every few seconds would otherwise never be cut.
 
 Every failure is one line naming the URL and the cause: no network or unknown host, HTTP status,
 a body cut short, a size or checksum other than the publisher's, a full disk. With
@@ -27,27 +45,40 @@ import errno
 import hashlib
 import http.client
 import json
+import logging
 import os
 import re
 import shutil
 import socket
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .atomic import write_json
 
+logger = logging.getLogger(__name__)
+
 ENV_CACHE = "ELMOKIT_CACHE"
 ENV_OFFLINE = "ELMOKIT_OFFLINE"
 URL_SCHEMES = ("http://", "https://", "s3://")
 TIMEOUT = 30.0  # seconds without an answer (connect or read) before a download is given up
+HEADER_DEADLINE = 60.0  # seconds from the request to the end of the response's headers
+MIN_RATE = 1024  # bytes/s: a body that arrives slower than this for RATE_WINDOW seconds is given up
+RATE_WINDOW = 60.0
+MAX_REDIRECTS = 10
+MAX_GZIP_RATIO = 1000  # a gzip-encoded body may expand this much (more is a gzip bomb)
+CHECKPOINT_BYTES = 64 << 20  # the part's checkpoint (sha256 of its first bytes) is renewed this often,
+CHECKPOINT_SECONDS = 2.0  # or after this many seconds
 CHUNK = 1 << 20
 META = "meta.json"
 
@@ -72,7 +103,8 @@ class ChecksumError(DownloadError):
 @dataclass(frozen=True)
 class Expected:
     """What the publisher says of a file (any may be unknown), and what kind of file it is:
-    ``kind`` "zip", "json", "hdf5" or None (not checked)."""
+    ``kind`` "zip", "json", "hdf5", "model" (any of the three) or None (from the URL's name,
+    see ``url_kind``)."""
 
     size: int | None = None
     sha256: str | None = None
@@ -101,13 +133,40 @@ def is_url(text: str | os.PathLike) -> bool:
 
 
 def normalize_url(url: str) -> str:
-    """``s3://BUCKET/KEY`` as the public HTTPS address of the object; other URLs unchanged."""
+    """``s3://BUCKET/KEY`` as the public HTTPS address of the object; other URLs unchanged. A URL
+    that cannot be parsed (``http://[::1/x.zip``, a port that is not a number, no host) is a
+    ValueError that names it."""
     if url.lower().startswith("s3://"):
         bucket, _, key = url[5:].partition("/")
         if not bucket or not key:
             raise ValueError(f"not an s3 object URL (s3://BUCKET/KEY): {url}")
-        return f"https://{bucket}.s3.amazonaws.com/{key}"
+        url = f"https://{bucket}.s3.amazonaws.com/{key}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as err:
+        raise ValueError(f"not a valid URL: {url} ({err})") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not a valid URL: {url} (an http or https URL with a host is needed)")
+    if any(ord(c) <= 32 or ord(c) == 127 for c in url):
+        raise ValueError(f"not a valid URL: {url!r} (it holds spaces or control characters)")
     return url
+
+
+_KIND_BY_SUFFIX = {".zip": "zip", ".json": "json", ".hdf5": "hdf5", ".h5": "hdf5"}
+_KIND_NAMES = {
+    "zip": "a zip archive",
+    "json": "a JSON file",
+    "hdf5": "an HDF5 file",
+    "model": "a zip archive, HDF5 file or JSON file",
+}
+
+
+def url_kind(url: str) -> str:
+    """The kind of file ``url`` should hold, from its name: "zip", "json" or "hdf5"; "model"
+    (any of the three) for another name or none (``http://host/model``)."""
+    name = urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1].lower()
+    return next((kind for suffix, kind in _KIND_BY_SUFFIX.items() if name.endswith(suffix)), "model")
 
 
 _S3_PATH_STYLE = re.compile(r"^https?://s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com/([^/?#]+)/([^?#]+)$", re.I)
@@ -148,12 +207,20 @@ def file_digest(path: Path, algorithm: str = "sha256") -> str:
 
 
 def read_meta(url: str) -> dict[str, Any] | None:
-    """The cache entry's record of ``url`` (None if there is no complete download)."""
+    """The cache entry's record of ``url`` (None if there is no complete download, or if the
+    record is not one elmokit wrote: another URL's, or a ``file`` that is not a plain name in
+    the entry, such as ``../../secret.zip``)."""
     try:
         meta = json.loads((entry_dir(url) / META).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or cache_key(str(meta.get("url"))) != cache_key(url):
+        return None
+    name = meta.get("file")
+    if not isinstance(name, str) or name != file_name(name) or name.startswith("."):
+        logger.warning("ignoring %s: its file %r is not a name in its folder", entry_dir(url) / META, name)
+        return None
+    if not isinstance(meta.get("size"), int):
         return None
     return meta
 
@@ -164,10 +231,16 @@ def is_cached(url: str) -> bool:
     return meta is not None and (entry_dir(url) / str(meta.get("file"))).is_file()
 
 
-def cached_file(url: str, expected: Expected | None = None) -> Path | None:
+def again_hint(url: str, name: str | None = None) -> str:
+    """What to run to replace the cached file of ``url`` (``name``: the known model's name)."""
+    return f"run `elmokit download --force {name or url}` to download it again"
+
+
+def cached_file(url: str, expected: Expected | None = None, name: str | None = None) -> Path | None:
     """The cached file of ``url``, or None if it has none. The file is checked against what was
-    recorded when it was downloaded (size; sha256 again when its time stamp changed) and against
-    ``expected``; a file that changed raises ChecksumError saying how to fetch it again."""
+    recorded when it was downloaded (size; sha256 again when its time stamp changed), against
+    ``expected`` and to be of its kind; a file that changed or is damaged raises ChecksumError
+    saying how to fetch it again (``name``: the known model's name, for that advice)."""
     url = normalize_url(url)
     meta = read_meta(url)
     if meta is None:
@@ -177,7 +250,7 @@ def cached_file(url: str, expected: Expected | None = None) -> Path | None:
     if not path.is_file():
         return None
     stat = path.stat()
-    again = f"; fetch it again with: elmokit download {url} --force"
+    again = f"; {again_hint(url, name)}"
     if stat.st_size != meta.get("size"):
         raise ChecksumError(
             f"cached file {path} changed since it was downloaded from {url} "
@@ -198,6 +271,9 @@ def cached_file(url: str, expected: Expected | None = None) -> Path | None:
                 raise ChecksumError(
                     f"cached file {path} does not match the publisher's {key} ({meta[key]} != {want}){again}"
                 )
+    problem = _wrong_kind(path, (expected.kind if expected else None) or url_kind(url))
+    if problem is not None:  # e.g. cached by an elmokit that did not check it
+        raise ChecksumError(f"cached file {path} of {url} is {problem}{again}")
     return path
 
 
@@ -216,8 +292,10 @@ def fetch(
     ChecksumError) with a one-line message."""
     url = normalize_url(url)
     expected = expected or Expected()
+    if expected.kind is None:
+        expected = replace(expected, kind=url_kind(url))
     if not force:
-        hit = cached_file(url, expected)
+        hit = cached_file(url, expected, name)
         if hit is not None:
             return hit
     entry = entry_dir(url)
@@ -238,10 +316,15 @@ def fetch(
         ) from None
     with _entry_lock(entry, url, progress):
         if not force:  # another process may have finished it while this one waited
-            hit = cached_file(url, expected)
+            hit = cached_file(url, expected, name)
             if hit is not None:
                 return hit
-        return _download(url, entry, expected, progress)
+        try:
+            return _download(url, entry, expected, progress)
+        except DownloadError:
+            raise
+        except OSError as err:  # the cache's disk: full, read-only, ...
+            raise DownloadError(_disk_failure(url, entry, err)) from None
 
 
 @contextmanager
@@ -265,13 +348,17 @@ def _download(url: str, entry: Path, expected: Expected, progress: bool) -> Path
     name = file_name(url)
     final, part, state = entry / name, entry / f".{name}.part", entry / f".{name}.part.json"
     for attempt in range(2):
-        have = _resumable_bytes(part, state, url)
+        resume = _resume_point(part, state, url)
         try:
-            return _transfer(url, entry, final, part, state, have, expected, progress)
+            return _transfer(url, entry, final, part, state, resume, expected, progress)
         except _RangeRefused:
             part.unlink(missing_ok=True)  # the part is not a prefix of the file: start over
+            state.unlink(missing_ok=True)
             if attempt:
-                raise DownloadError(f"HTTP 416 (range not satisfiable) for {url}") from None
+                raise DownloadError(
+                    f"cannot download {url}: the server answered a request for the whole file with "
+                    "a part of it (HTTP 206 or 416)"
+                ) from None
     raise AssertionError("unreachable")
 
 
@@ -279,16 +366,167 @@ class _RangeRefused(Exception):
     pass
 
 
-def _resumable_bytes(part: Path, state: Path, url: str) -> int:
-    """Bytes of an earlier attempt that can be resumed (0 if none, or if they are of another URL)."""
+@dataclass
+class _Resume:
+    """An earlier attempt's part that can be resumed: its size, digests and saved state."""
+
+    have: int
+    sha256: Any
+    md5: Any
+    saved: dict[str, Any]
+
+
+def _strong_etag(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.startswith('"') else None
+
+
+def _resume_point(part: Path, state: Path, url: str) -> _Resume | None:
+    """The earlier attempt to resume, or None (its files removed) where it cannot be: of
+    another URL, no validator from the server for If-Range (resuming could splice two versions
+    of the file), or a part that is shorter than its checkpoint or no longer matches it."""
     try:
         saved = json.loads(state.read_text(encoding="utf-8"))
-        if saved.get("url") == url and part.is_file():
-            return part.stat().st_size
+        # the bytes after the checkpoint (those of the last seconds before a kill) are unchecked
+        checked = (saved.get("checked") if isinstance(saved, dict) else None) or [0, None]
+        usable = (
+            saved.get("url") == url
+            and (_strong_etag(saved.get("etag")) or isinstance(saved.get("last_modified"), str))
+            and isinstance(checked, list)
+            and len(checked) == 2
+            and isinstance(checked[0], int)
+            and part.is_file()
+            and 0 <= checked[0] <= part.stat().st_size
+            and part.stat().st_size > 0
+        )
+        if usable:
+            sha256, md5 = hashlib.sha256(), hashlib.md5()
+            have = 0
+            with open(part, "rb") as f:
+                for chunk in iter(lambda: f.read(CHUNK), b""):
+                    if have < checked[0] <= have + len(chunk):
+                        head = chunk[: checked[0] - have]
+                        probe = sha256.copy()
+                        probe.update(head)
+                        if probe.hexdigest() != checked[1]:
+                            break  # damaged: start over
+                    sha256.update(chunk)
+                    md5.update(chunk)
+                    have += len(chunk)
+                else:
+                    return _Resume(have, sha256, md5, saved)
+            logger.warning("%s does not match its checkpoint; downloading %s from the start", part, url)
     except (OSError, ValueError):
         pass
     part.unlink(missing_ok=True)
-    return 0
+    state.unlink(missing_ok=True)
+    return None
+
+
+class _Watch:
+    """A watchdog for one request: when armed time runs out it shuts the connection's socket
+    down, so a read blocked on a server that drips bytes (or headers) returns."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.fired: str | None = None
+        self._timer: threading.Timer | None = None
+
+    def arm(self, seconds: float, why: str) -> None:
+        self.disarm()
+        self._timer = threading.Timer(seconds, self._fire, (why,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self, why: str) -> None:
+        self.fired = why
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Watched:
+    """urllib handler mixin: the connections it opens hand their socket to the watch."""
+
+    watch: _Watch
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        watch = self.watch
+
+        def make(*args: Any, **kw: Any) -> Any:
+            conn = http_class(*args, **kw)
+            connect = conn.connect
+
+            def watched_connect() -> None:
+                connect()
+                watch.sock = conn.sock
+
+            conn.connect = watched_connect
+            return conn
+
+        return super().do_open(make, req, **kwargs)  # type: ignore[misc]
+
+
+class _HTTP(_Watched, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPS(_Watched, urllib.request.HTTPSHandler):
+    pass
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to http or https, at most MAX_REDIRECTS times."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
+            raise DownloadError(
+                f"cannot download {req.full_url}: the server redirects to {newurl}, which is not an "
+                "http or https URL; refused"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _open(url: str, headers: dict[str, str], watch: _Watch) -> Any:
+    """The response to a GET of ``url``, its headers complete within HEADER_DEADLINE seconds."""
+    opener = urllib.request.build_opener(_Redirects(), _HTTP(), _HTTPS())
+    for handler in opener.handlers:
+        if isinstance(handler, _Watched):
+            handler.watch = watch
+    host = urllib.parse.urlsplit(url).hostname or url
+    watch.arm(HEADER_DEADLINE, f"no complete answer from {host} within {HEADER_DEADLINE:.0f} s")
+    try:
+        response = opener.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT)
+        watch.disarm()
+        if watch.fired:  # http.client takes headers cut by the watchdog as complete
+            response.close()
+            raise DownloadError(f"cannot download {url}: {watch.fired}")
+        return response
+    except DownloadError:
+        raise
+    except urllib.error.HTTPError as err:
+        err.close()
+        if 300 <= err.code < 400:
+            where = err.headers.get("Location") if err.headers else None
+            raise DownloadError(
+                f"cannot download {url}: too many redirects or a redirect loop (the last: HTTP "
+                f"{err.code} to {where})"
+            ) from None
+        raise
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+        if watch.fired:
+            raise DownloadError(f"cannot download {url}: {watch.fired}") from None
+        raise DownloadError(_network_failure(url, err)) from None
+    finally:
+        watch.disarm()
 
 
 def _transfer(
@@ -297,62 +535,83 @@ def _transfer(
     final: Path,
     part: Path,
     state: Path,
-    have: int,
+    resume: _Resume | None,
     expected: Expected,
     progress: bool,
 ) -> Path:
     from . import __version__
 
+    have = resume.have if resume else 0
     headers = {"User-Agent": f"elmokit/{__version__}", "Accept-Encoding": "identity"}
-    if have:
-        saved = json.loads(state.read_text(encoding="utf-8"))
+    if resume:
         headers["Range"] = f"bytes={have}-"
-        validator = saved.get("etag") or saved.get("last_modified")
-        if validator:
-            headers["If-Range"] = validator
+        headers["If-Range"] = _strong_etag(resume.saved.get("etag")) or resume.saved["last_modified"]
+    watch = _Watch()
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT)
+        response = _open(url, headers, watch)
     except urllib.error.HTTPError as err:
-        err.close()
         if err.code == 416 and have:
             raise _RangeRefused() from None
-        raise DownloadError(f"HTTP {err.code} {err.reason} for {url}") from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
-        raise DownloadError(_network_failure(url, err)) from None
+        raise DownloadError(f"HTTP {err.code} {' '.join(str(err.reason).split())} for {url}") from None
     with response:
+        answer = response.headers
+        length = answer.get("Content-Length", "").strip()
+        sent = int(length) if length.isdigit() else None  # bytes on the wire
+        ctype = answer.get_content_type()
+        if ctype in ("text/html", "application/xhtml+xml"):
+            raise ChecksumError(
+                f"{url}: the server sent an HTML page (Content-Type {ctype}), not the file: an error, "
+                "login or captive-portal page; nothing was cached"
+            )
+        encoding = (answer.get("Content-Encoding") or "identity").strip().lower()
+        if encoding not in ("identity", "gzip", "x-gzip"):
+            raise ChecksumError(
+                f"{url}: the server sent the file encoded as {encoding!r} (Content-Encoding), which "
+                "elmokit does not decode; nothing was cached"
+            )
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding != "identity" else None
         if response.status == 206:
-            start, total = _content_range(response.headers.get("Content-Range"))
-            if start != have:
+            start, total = _content_range(answer.get("Content-Range"))
+            saved = resume.saved if resume else {}
+            if (
+                start != have
+                or decoder is not None
+                or (sent is not None and total is not None and start + sent != total)
+                or (saved.get("total") is not None and total != saved["total"])
+                or (_strong_etag(saved.get("etag")) and answer.get("ETag") not in (None, saved["etag"]))
+            ):
                 raise _RangeRefused()
         else:
-            have = 0
-            length = response.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
+            have, resume = 0, None
+            total = sent if decoder is None else None
         if expected.size is not None and total is not None and total != expected.size:
             part.unlink(missing_ok=True)
+            state.unlink(missing_ok=True)
             raise ChecksumError(
                 f"{url}: the server sends {total:,} bytes but the publisher gives {expected.size:,}; "
                 "nothing was cached"
             )
-        write_json(
-            state,
-            {
-                "url": url,
-                "etag": response.headers.get("ETag"),
-                "last_modified": response.headers.get("Last-Modified"),
-            },
-        )
+        validators = {"etag": answer.get("ETag"), "last_modified": answer.get("Last-Modified")}
+        if decoder is not None:  # a decoded body is not resumable (ranges count encoded bytes)
+            validators = {"etag": None, "last_modified": None}
+        saved_state = {"url": url, **validators, "total": total}
+        # the part as resumed was checked and hashed just now: a checkpoint of all of it
+        write_json(state, {**saved_state, "checked": [have, resume.sha256.hexdigest()] if resume else None})
         if total is not None:
             _check_space(url, entry, total - have)
-        sha256, md5 = hashlib.sha256(), hashlib.md5()
-        if have:
-            with open(part, "rb") as f:
-                for chunk in iter(lambda: f.read(CHUNK), b""):
-                    sha256.update(chunk)
-                    md5.update(chunk)
-        received = have
+        sha256 = resume.sha256 if resume else hashlib.sha256()
+        md5 = resume.md5 if resume else hashlib.md5()
+        received, wire = have, 0
+        checkpoint = have
+
+        def save_checkpoint() -> None:
+            if received:
+                write_json(state, {**saved_state, "checked": [received, sha256.hexdigest()]})
+
         # unbuffered, and read1 hands over what has arrived: the part file on disk follows the
         # download, so a killed process leaves all it received for the next attempt to resume
+        window_start, window_bytes = time.monotonic(), 0
+        saved_at = window_start
         with (
             open(part, "ab" if have else "wb", buffering=0) as out,
             _bar(final.name, total, have, progress) as bar,
@@ -362,15 +621,59 @@ def _transfer(
                     chunk = response.read1(CHUNK)
                     if not chunk:
                         break
+                    wire += len(chunk)
+                    window_bytes += len(chunk)
+                    if decoder is not None:
+                        chunk = decoder.decompress(chunk)
+                        if received + len(chunk) > MAX_GZIP_RATIO * wire + CHUNK:
+                            raise _Refused(
+                                f"the gzip-encoded body expands more than {MAX_GZIP_RATIO}x (a gzip bomb)"
+                            )
                     out.write(chunk)
                     sha256.update(chunk)
                     md5.update(chunk)
                     received += len(chunk)
                     bar.update(len(chunk))
+                    now = time.monotonic()
+                    if decoder is None and (
+                        received - checkpoint >= CHECKPOINT_BYTES or now - saved_at >= CHECKPOINT_SECONDS
+                    ):
+                        save_checkpoint()
+                        checkpoint, saved_at = received, now
+                    if now - window_start >= RATE_WINDOW:
+                        if window_bytes < MIN_RATE * (now - window_start):
+                            raise _TooSlow(window_bytes, now - window_start)
+                        window_start, window_bytes = now, 0
+                if decoder is not None:
+                    rest = decoder.flush()
+                    if not decoder.eof:
+                        raise _Refused("the gzip-encoded body is cut short or damaged")
+                    out.write(rest)
+                    sha256.update(rest)
+                    md5.update(rest)
+                    received += len(rest)
                 out.flush()
                 os.fsync(out.fileno())
+            except _Refused as refused:
+                part.unlink(missing_ok=True)
+                state.unlink(missing_ok=True)
+                raise ChecksumError(f"{url}: {refused}; nothing was cached") from None
+            except zlib.error as err:
+                part.unlink(missing_ok=True)
+                state.unlink(missing_ok=True)
+                raise ChecksumError(
+                    f"{url}: the gzip-encoded body is damaged ({err}); nothing was cached"
+                ) from None
+            except _TooSlow as slow:
+                _quietly(save_checkpoint)
+                raise DownloadError(
+                    f"download of {url} was too slow: {slow.count:,} bytes in {slow.seconds:.0f} s "
+                    f"(under {MIN_RATE:,} bytes/s); {received:,} bytes received, the partial download "
+                    "is kept, run again to resume"
+                ) from None
             except OSError as err:
-                if err.errno == errno.ENOSPC:
+                _quietly(save_checkpoint)
+                if err.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise DownloadError(
                         f"disk full: no space left in {entry} for {url} ({received:,}"
                         f"{f' of {total:,}' if total is not None else ''} bytes written; the partial "
@@ -378,9 +681,11 @@ def _transfer(
                     ) from None
                 raise DownloadError(_cut_short(url, received, total, err)) from None
             except http.client.HTTPException as err:
+                _quietly(save_checkpoint)
                 raise DownloadError(_cut_short(url, received, total, err)) from None
-    if total is not None and received != total:
-        raise DownloadError(_cut_short(url, received, total, None))
+        if (sent is not None and wire != sent) or (total is not None and received != total):
+            _quietly(save_checkpoint)
+            raise DownloadError(_cut_short(url, received, total if total is not None else sent, None))
     digests = {"sha256": sha256.hexdigest(), "md5": md5.hexdigest()}
     _verify(url, part, state, received, digests, expected)
     shutil.rmtree(entry / "unpacked", ignore_errors=True)  # made from the file this one replaces
@@ -389,6 +694,34 @@ def _transfer(
     state.unlink(missing_ok=True)
     _record(url, entry, final, received, digests)
     return final
+
+
+class _Refused(Exception):
+    """The body is not one to cache (the message says why)."""
+
+
+class _TooSlow(Exception):
+    def __init__(self, count: int, seconds: float) -> None:
+        super().__init__(count, seconds)
+        self.count, self.seconds = count, seconds
+
+
+def _quietly(action: Any) -> None:
+    """Run ``action``, ignoring an OSError (a checkpoint on a full disk is not worth a second error)."""
+    try:
+        action()
+    except OSError:
+        pass
+
+
+def _disk_failure(url: str, entry: Path, err: OSError) -> str:
+    """One line: why the download of ``url`` could not be written into ``entry``."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"disk full: no space left in {entry} for {url}; free some space or set {ENV_CACHE} "
+            "to a folder on a larger disk"
+        )
+    return f"cannot write the download of {url} into {entry}: {err.strerror or err}"
 
 
 def _content_range(value: str | None) -> tuple[int, int | None]:
@@ -425,35 +758,87 @@ def _verify(url: str, part: Path, state: Path, size: int, digests: dict, expecte
         raise ChecksumError(f"{url}: {problem}; nothing was cached")
 
 
-def _wrong_kind(path: Path, kind: str) -> str | None:
-    """Why ``path`` is not a file of ``kind`` (None if it is)."""
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    if kind == "zip" and not head.startswith(_ZIP_SIGNATURES):
-        return f"not a zip archive (it begins {head[:16]!r})"
-    if kind == "hdf5" and not _is_hdf5(path):
-        return f"not an HDF5 file (it begins {head[:16]!r})"
+def _wrong_kind(path: Path, kind: str | None) -> str | None:
+    """Why ``path`` is not a file of ``kind`` ("zip", "hdf5", "json", "model": any of them; None:
+    not checked), as "not ..." (None if it is)."""
+    if kind is None:
+        return None
+    if kind == "model":
+        if sniff(path) is None:
+            return f"not {_KIND_NAMES['model']} ({_begins(path)})"
+        return None
+    if kind == "zip":
+        return _zip_problem(path)
+    if kind == "hdf5":
+        return _hdf5_problem(path)
     if kind == "json":
-        if path.stat().st_size > 1 << 24:
-            return f"not a JSON options file ({path.stat().st_size:,} bytes)"
+        size = path.stat().st_size
+        if size > 1 << 24:
+            return f"not a JSON options file ({size:,} bytes)"
         try:
             json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, ValueError):
-            return f"not a JSON file (it begins {head[:16]!r})"
+            return f"not a JSON file ({_begins(path)})"
+        return None
+    raise ValueError(f"unknown kind of file {kind!r}")
+
+
+def _begins(path: Path) -> str:
+    with open(path, "rb") as f:
+        head = f.read(16)
+    return f"it begins {head!r}" if head else "it is empty"
+
+
+def _zip_problem(path: Path) -> str | None:
+    """Why ``path`` is not a readable zip archive (signature, central directory), or None."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.startswith(_ZIP_SIGNATURES):
+        return f"not a zip archive ({_begins(path)})"
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as err:
+        return f"not a readable zip archive (cut short or damaged: {err})"
+    end = max((m.header_offset for m in members), default=0)
+    if end > path.stat().st_size:
+        return "not a readable zip archive (its members lie beyond its end: cut short)"
     return None
 
 
-def _is_hdf5(path: Path) -> bool:
-    """HDF5's signature at offset 0, 512, 1024, 2048, ... (after a user block)."""
+def _hdf5_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole HDF5 file: no signature at 0, 512, 1024, ... (after a user
+    block), or shorter than the end-of-file address its superblock records (cut short); else None."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         offset = 0
         while offset + 8 <= size and offset <= 1 << 20:
             f.seek(offset)
             if f.read(8) == _HDF5_SIGNATURE:
-                return True
+                break
             offset = 512 if offset == 0 else offset * 2
-    return False
+        else:
+            return f"not an HDF5 file ({_begins(path)})"
+        f.seek(offset)
+        block = f.read(96)
+    version = block[8] if len(block) > 8 else -1
+    if version in (0, 1):
+        width, fields = (block[13] if len(block) > 13 else 0), 24 + (4 if version == 1 else 0)
+        eof_field = 2  # base address, free-space address, end-of-file address
+    elif version in (2, 3):
+        width, fields = (block[9] if len(block) > 9 else 0), 12
+        eof_field = 2  # base address, superblock extension address, end-of-file address
+    else:
+        return f"not an HDF5 file this elmokit reads (superblock version {version})"
+    if width not in (2, 4, 8) or fields + width * (eof_field + 1) > len(block):
+        return "not a whole HDF5 file (its superblock is cut short or damaged)"
+    at = fields + width * eof_field
+    eof = int.from_bytes(block[at : at + width], "little")  # the library counts a user block in it
+    if eof > size:
+        return f"not a whole HDF5 file ({size:,} bytes, but its superblock says {eof:,}: cut short)"
+    return None
 
 
 def sniff(path: Path) -> str | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import download
-from .archives import unpack_zip
+from .archives import ArchiveError, unpack_zip
 from .pretrained import MODELS_DIR, available_models
 
 if TYPE_CHECKING:
@@ -169,6 +169,8 @@ def download_model(spec: str, *, force: bool = False, progress: bool | None = No
         raise ValueError(
             f"{spec!r} is neither a known model nor a URL; `elmokit models` lists the known models"
         )
+    # a URL's file must be of the kind its name says (a .zip a readable archive; a name without
+    # a suffix one of zip, HDF5, JSON): fetch checks it before it is cached
     urls = [(f.url, f.expected) for f in known.files] if known else [(spec, download.Expected())]
     name = known.name if known else None
     paths = [download.fetch(u, e, force=force, progress=progress, name=name) for u, e in urls]
@@ -194,14 +196,12 @@ def _from_url(url: str, progress: bool | None) -> ModelSource:
         raise ValueError(f"{url} is an options file: give its weight file too (--options and --weights)")
     if suffix.endswith((".hdf5", ".h5")):
         raise ValueError(f"{url} is a weight file: give its options file too (--options and --weights)")
-    path = download.fetch(
-        url, download.Expected(kind="zip" if suffix.endswith(".zip") else None), progress=progress
-    )
+    path = download.fetch(url, progress=progress)
     found = download.sniff(path)
     if found != "zip":
         what = {"json": "an options file", "hdf5": "an HDF5 weight file"}.get(found, "not a model archive")
         raise ValueError(f"{url} is {what}; give a .zip model archive, or --options and --weights")
-    return _from_archive(path, url, "url", path.parent / "unpacked")
+    return _from_archive(path, url, "url", path.parent / "unpacked", again=download.again_hint(url))
 
 
 def _from_local_file(path: Path, text: str) -> ModelSource:
@@ -219,15 +219,18 @@ def _from_local_file(path: Path, text: str) -> ModelSource:
 
 
 def _from_archive(
-    archive: Path, spec: str, origin: str, target: Path, name: str | None = None
+    archive: Path, spec: str, origin: str, target: Path, name: str | None = None, again: str | None = None
 ) -> ModelSource:
+    """The model in ``archive``, unpacked into ``target``; ``again``: what to run to download a
+    cached archive again, added to the error of one that turns out damaged."""
     try:
         folder = unpack_zip(archive, target)
     except PermissionError as err:
-        raise PermissionError(
-            f"cannot unpack {archive} into the cache {target.parent}: {err.strerror or err}; set "
-            f"{download.ENV_CACHE} to a writable folder"
-        ) from None
+        raise PermissionError(f"{err}; set {download.ENV_CACHE} to a writable folder") from None
+    except ArchiveError as err:
+        if again is None:
+            raise
+        raise ArchiveError(f"{err}; it is in the download cache: {again}") from None
     return _from_folder(folder, spec, origin, name=name, what="archive")
 
 
@@ -235,7 +238,14 @@ def _from_registry(known, spec: str, progress: bool | None) -> ModelSource:
     archive = known.archive
     if archive is not None:
         path = download.fetch(archive.url, archive.expected, progress=progress, name=known.name)
-        return _from_archive(path, spec, "registry", path.parent / "unpacked", name=known.name)
+        return _from_archive(
+            path,
+            spec,
+            "registry",
+            path.parent / "unpacked",
+            name=known.name,
+            again=download.again_hint(archive.url, known.name),
+        )
     options, weights = (known.file(role) for role in ("options", "weights"))
     return ModelSource(
         spec=spec,

@@ -104,6 +104,16 @@ def test_dangling_or_outside_latest_is_refused(run, tmp_path, capsys, pointer):
     assert not (tmp_path / "out" / "weights.hdf5").exists()
 
 
+def test_a_checkpoint_folder_that_links_outside_is_refused(run, tmp_path, capsys):
+    other = Path(shutil.copytree(run, tmp_path / "other"))
+    shutil.rmtree(run / "checkpoint-000000005")
+    (run / "checkpoint-000000005").symlink_to(other / "checkpoint-000000005")
+    before, theirs = snapshot(other), snapshot(run / "checkpoint-000000004")
+    line = refused(capsys, "train", "--save-dir", run, "--resume", "--max-steps", 7)
+    assert "names checkpoint-000000005, which is a link" in line
+    assert snapshot(other) == before and snapshot(run / "checkpoint-000000004") == theirs
+
+
 def test_resume_from_a_named_checkpoint_continues_there(run, tmp_path, capsys):
     """--resume-from NAME implies --resume; a newer checkpoint, which the run would replace, must
     be moved away first; the best checkpoint being gone is no obstacle."""

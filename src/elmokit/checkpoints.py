@@ -103,6 +103,10 @@ def named_checkpoint(save_dir: Path, name: str, source: str) -> Path:
             f"(checkpoint-<9 digits>, inside it); {checkpoint_choices(save_dir)}"
         )
     folder = save_dir / name
+    if folder.is_symlink():
+        raise CheckpointError(
+            f"{source} names {name}, which is a link; a checkpoint folder must be inside the save dir"
+        )
     if not folder.is_dir():
         raise CheckpointError(f"{source} names {name}, which does not exist; {checkpoint_choices(save_dir)}")
     return folder

@@ -901,9 +901,9 @@ def test_out_of_range_values_are_refused_by_the_api_and_the_other_commands(tmp_p
 
 
 def test_leftovers_of_a_crash_are_removed_and_replayed_steps_logged_once(tmp_path, corpus):
-    """Issue 13.8: a partial checkpoint folder, a checkpoint no pointer names and the temporary
-    file of a killed writer are deleted when the run starts again; metrics.csv keeps each step
-    once."""
+    """Issue 13.8: a partial checkpoint folder and the temporary file of a killed writer are
+    deleted when the run starts again, an older checkpoint folder (a rotation cut short) by the
+    run's rotation at its next checkpoint; metrics.csv keeps each step once."""
     import subprocess
 
     from elmokit.atomic import atomic_path

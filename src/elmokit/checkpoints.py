@@ -10,19 +10,31 @@ data). Kept are the best checkpoint and the newest ``keep`` up to the latest
 average. Checkpoint files are read with ``weights_only=True``: nothing but tensors and plain
 containers is unpickled.
 
-A checkpoint is written into a hidden folder ``.checkpoint-<step>.partial`` that is renamed to
-its name only when every file is complete, and ``latest`` then switched to it, so a crash never
-leaves a partial checkpoint under a checkpoint's name; ``remove_leftovers`` deletes what a crash
-can leave (a partial folder, a checkpoint no pointer names, temporary files) when a run starts.
+A checkpoint is written into a hidden folder ``.checkpoint-<step>.partial``; when every file is
+complete, ``manifest.json`` (each file's size and SHA-256) is written last and the folder renamed
+to its name, and ``latest`` then switched to it: a folder under a checkpoint's name is complete,
+and reading one of its files checks it against the manifest (torch's zip reader does not check
+its CRCs). A checkpoint written before manifests existed has its files' zip CRCs checked instead.
+
+Nothing but a crash's provable leftovers is deleted when a run starts: ``.partial`` folders and
+the temporary files of killed atomic writes. A complete checkpoint is deleted only by the rotation
+of a run whose pointers are sound (``prune_checkpoints``: older than the latest, beyond ``keep``,
+not the best). A pointer (``latest``, best.json's folder, ``--resume-from``) must name a
+``checkpoint-<step>`` folder directly inside the save dir; a missing, dangling or outside one is an
+error that lists the checkpoints the save dir holds and how to name one.
 train_config.json holds the run's configuration without its save dir: a save dir may be moved.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
+import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +51,28 @@ CONFIG_FILE = "train_config.json"
 PARTIAL_SUFFIX = ".partial"
 VOCAB_FILE = "vocab.txt"
 METRICS_FILES = ("metrics.csv", "heldout.csv")
+MANIFEST_FILE = "manifest.json"
+CHECKPOINT_NAME = re.compile(r"checkpoint-[0-9]{9}")
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A save dir whose pointers or checkpoint files cannot be trusted: a missing, dangling or
+    outside pointer, a damaged record, a file that differs from its manifest."""
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value of a save dir's file; a file that is not JSON is a CheckpointError that
+    names it and the cause."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not a JSON file (its bytes are not UTF-8 text)") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(
+            f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
+        ) from None
 
 
 def checkpoint_name(step: int) -> str:
@@ -46,41 +80,208 @@ def checkpoint_name(step: int) -> str:
     return f"checkpoint-{step:09d}"
 
 
+def checkpoint_choices(save_dir: Path) -> str:
+    """What an error about a save dir's pointers adds: the checkpoints it holds and how to name
+    one instead of the pointer."""
+    found = checkpoint_folders(save_dir)
+    if not found:
+        return f"{save_dir} holds no checkpoint folder"
+    names = ", ".join(p.name for p in found)
+    return (
+        f"{save_dir} holds {names}; name one: --resume-from {found[-1].name} (train) or "
+        f"--checkpoint {found[-1].name} (export, evaluate)"
+    )
+
+
+def named_checkpoint(save_dir: Path, name: str, source: str) -> Path:
+    """The checkpoint folder ``name`` (``checkpoint-<step>``) directly inside ``save_dir``, which
+    ``source`` (a pointer file, an option) names; anything else is a CheckpointError."""
+    name = name.strip()
+    if not CHECKPOINT_NAME.fullmatch(name):
+        raise CheckpointError(
+            f"{source} names {name[:80]!r}, which is not a checkpoint folder of the save dir "
+            f"(checkpoint-<9 digits>, inside it); {checkpoint_choices(save_dir)}"
+        )
+    folder = save_dir / name
+    if folder.is_symlink():
+        raise CheckpointError(
+            f"{source} names {name}, which is a link; a checkpoint folder must be inside the save dir"
+        )
+    if not folder.is_dir():
+        raise CheckpointError(f"{source} names {name}, which does not exist; {checkpoint_choices(save_dir)}")
+    return folder
+
+
 def latest_checkpoint(save_dir: Path) -> Path | None:
-    """The folder of the newest complete checkpoint, or None."""
+    """The folder of the newest complete checkpoint; None when the save dir has no ``latest`` and
+    no checkpoint folder (a run that stopped before its first checkpoint, or no run). A missing
+    ``latest`` beside checkpoint folders, or one that names anything but a checkpoint folder of
+    the save dir, is a CheckpointError."""
     pointer = save_dir / CHECKPOINT_POINTER
-    if not pointer.is_file():
+    if not (pointer.exists() or pointer.is_symlink()):
+        if checkpoint_folders(save_dir):
+            raise CheckpointError(
+                f"{pointer} is missing, so which checkpoint is the latest is unknown; "
+                f"{checkpoint_choices(save_dir)}"
+            )
         return None
-    folder = save_dir / pointer.read_text(encoding="utf-8").strip()
-    return folder if folder.is_dir() else None
+    if not pointer.is_file():
+        raise CheckpointError(f"{pointer} is not a file; {checkpoint_choices(save_dir)}")
+    try:
+        text = pointer.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        text = "(not text)"
+    return named_checkpoint(save_dir, text, str(pointer))
+
+
+def read_best(save_dir: Path) -> dict[str, Any] | None:
+    """best.json's record ({"folder", "step", "forward", "backward", "average"}), or None when
+    the run has none; a record that is not one (or names anything but a checkpoint folder
+    name) is a CheckpointError."""
+    pointer = save_dir / BEST_POINTER
+    if not pointer.exists():
+        return None
+    best = read_json(pointer)
+    folder = best.get("folder") if isinstance(best, dict) else None
+    average = best.get("average") if isinstance(best, dict) else None
+    if not isinstance(folder, str) or not CHECKPOINT_NAME.fullmatch(folder):
+        raise CheckpointError(
+            f"{pointer}: its 'folder' is {folder!r}, not a checkpoint folder of the save dir "
+            f"(checkpoint-<9 digits>); {checkpoint_choices(save_dir)}"
+        )
+    if isinstance(average, bool) or not isinstance(average, (int, float)):
+        raise CheckpointError(f"{pointer}: its 'average' perplexity is {average!r}, not a number")
+    return best
 
 
 def best_checkpoint(save_dir: Path) -> Path | None:
-    """The folder of the checkpoint with the lowest held-out perplexity so far, or None."""
-    pointer = save_dir / BEST_POINTER
-    if not pointer.is_file():
+    """The folder of the checkpoint with the lowest held-out perplexity so far; None when the run
+    has none, or when it is gone (deleted by hand: its perplexity stays the one to beat)."""
+    best = read_best(save_dir)
+    if best is None:
         return None
-    folder = save_dir / json.loads(pointer.read_text(encoding="utf-8"))["folder"]
+    folder = save_dir / best["folder"]
     return folder if folder.is_dir() else None
 
 
 def checkpoint_folder(save_dir: Path, which: str = "latest") -> Path | None:
-    """A save dir's "latest" or "best" checkpoint folder (None if it has none)."""
-    if which not in ("latest", "best"):
-        raise ValueError(f"checkpoint must be 'latest' or 'best', got {which!r}")
-    return latest_checkpoint(save_dir) if which == "latest" else best_checkpoint(save_dir)
+    """A save dir's "latest" or "best" checkpoint folder, or the one named ``checkpoint-<step>``
+    (None when it has no latest, or no best.json)."""
+    if which == "latest":
+        return latest_checkpoint(save_dir)
+    if which == "best":
+        best = read_best(save_dir)
+        if best is None:
+            return None
+        return named_checkpoint(save_dir, best["folder"], str(save_dir / BEST_POINTER))
+    if CHECKPOINT_NAME.fullmatch(which):
+        return named_checkpoint(save_dir, which, "--checkpoint")
+    raise ValueError(f"checkpoint must be 'latest', 'best' or a checkpoint-<step> folder name, got {which!r}")
+
+
+def resume_point(save_dir: Path, name: str | None = None) -> Path | None:
+    """The checkpoint a resumed run continues from: ``name`` (``--resume-from``; refused while
+    newer checkpoints exist, which the run would replace), else the one ``latest`` names; None
+    when the run has no checkpoint yet. Checks best.json too, so that a
+    damaged one stops the run before it trains, not at its first checkpoint."""
+    read_best(save_dir)
+    if name is None:
+        return latest_checkpoint(save_dir)
+    folder = named_checkpoint(save_dir, name, "--resume-from")
+    newer = [p.name for p in checkpoint_folders(save_dir) if p.name > folder.name]
+    if newer:
+        raise CheckpointError(
+            f"--resume-from {folder.name}: {save_dir} holds newer checkpoints ({', '.join(newer)}), "
+            "which the resumed run would replace when it reaches their steps; move them out of the "
+            "save dir first (or resume from the newest)"
+        )
+    return folder
 
 
 def load_checkpoint_file(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read a checkpoint file without unpickling arbitrary objects (``TensorFileError`` in one
-    line for a damaged file or one that holds code)."""
+    """Read a checkpoint file, checked against its folder's manifest (``verify_checkpoint_file``),
+    without unpickling arbitrary objects (``TensorFileError`` in one line for a damaged file or
+    one that holds code)."""
+    verify_checkpoint_file(Path(path))
     return load_tensors(path, map_location=device)
 
 
 def save_checkpoint_file(value: dict[str, Any], path: Path) -> None:
-    """Write a checkpoint file (tensors and plain containers) atomically."""
-    with atomic_path(path) as tmp:
-        torch.save(value, tmp)
+    """Write a checkpoint file (tensors and plain containers) atomically, through a Python file
+    so that a full disk raises OSError (ENOSPC), not torch's "unexpected pos"."""
+    with atomic_path(path) as tmp, tmp.open("wb") as f:
+        torch.save(value, f)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """Record the name, size and SHA-256 of every file of a complete checkpoint folder in its
+    manifest.json (the last file written into it)."""
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(".")
+    }
+    write_json(folder / MANIFEST_FILE, {"step": step, "files": files})
+
+
+_verified: set[tuple[str, int, int, int]] = set()  # files checked in this process, unchanged since
+
+
+def verify_checkpoint_file(path: Path) -> None:
+    """Check a checkpoint file against its folder's manifest (size and SHA-256); a checkpoint
+    written before manifests existed has its zip CRCs checked. A CheckpointError names the file
+    and what differs."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: the checkpoint {path.parent} is incomplete") from None
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key in _verified:
+        return
+    manifest_path = path.parent / MANIFEST_FILE
+    if not manifest_path.exists():
+        _check_zip_crcs(path)
+        logger.info("%s has no %s (an older elmokit's): checked its zip CRCs", path.parent, MANIFEST_FILE)
+    else:
+        manifest = read_json(manifest_path)
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict):
+            raise CheckpointError(f"{manifest_path}: not a checkpoint manifest (no 'files')")
+        entry = files.get(path.name)
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{path}: not one of the files that {manifest_path} records")
+        if stat.st_size != entry.get("size"):
+            raise CheckpointError(
+                f"{path}: damaged: it has {stat.st_size} bytes, {manifest_path} recorded {entry.get('size')}"
+            )
+        if _sha256(path) != entry.get("sha256"):
+            raise CheckpointError(
+                f"{path}: damaged: its SHA-256 differs from the one {manifest_path} recorded when "
+                "the checkpoint was written"
+            )
+    _verified.add(key)
+
+
+def _check_zip_crcs(path: Path) -> None:
+    """Check the CRC of every record of a torch zip file (a file in another format is left to
+    the reader, which names what it is)."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: damaged: its zip records cannot be read ({err})") from None
+    if bad is not None:
+        raise CheckpointError(f"{path}: damaged: the CRC of its record {bad} does not match its bytes")
 
 
 def partial_folder(save_dir: Path, step: int) -> Path:
@@ -95,8 +296,7 @@ def checkpoint_folders(save_dir: Path) -> list[Path]:
 
 def kept_checkpoints(save_dir: Path, keep: int = 1) -> list[Path]:
     """The checkpoints a run with ``--keep-checkpoints keep`` holds, oldest first: the newest
-    ``keep`` folders up to the latest, and the best. A folder newer than the latest (its pointer
-    never written) or older than those is a leftover."""
+    ``keep`` folders up to the latest, and the best."""
     best = best_checkpoint(save_dir)
     return sorted(set(recent_checkpoints(save_dir, keep)) | ({best} if best is not None else set()))
 
@@ -110,38 +310,45 @@ def recent_checkpoints(save_dir: Path, keep: int) -> list[Path]:
 
 
 def prune_checkpoints(save_dir: Path, keep: int = 1) -> list[str]:
-    """Delete the checkpoint folders that ``kept_checkpoints`` does not name; their names."""
+    """The rotation of a run whose pointers are sound: delete the checkpoint folders older than
+    the latest that ``kept_checkpoints`` does not name; their names. A folder newer than the
+    latest is never deleted here."""
+    latest = latest_checkpoint(save_dir)
+    if latest is None:
+        return []
     kept = set(kept_checkpoints(save_dir, keep))
     removed = []
     for path in checkpoint_folders(save_dir):
-        if path not in kept:
+        if path not in kept and path.name < latest.name:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path.name)
     return removed
 
 
 def publish_checkpoint(save_dir: Path, partial: Path, step: int, keep: int = 1) -> Path:
-    """Rename the complete ``partial`` folder to its checkpoint folder and point ``latest`` at
-    it (``point_latest``); a folder of that name that the run does not keep (a crash's
-    leftover) is replaced."""
+    """Write the manifest of the complete ``partial`` folder, rename it to its checkpoint folder
+    and point ``latest`` at it (``point_latest``). A folder of that name newer than the latest
+    (this run's own step, written before a crash or before the checkpoint the run resumed from)
+    is replaced, and said so."""
+    write_manifest(partial, step)
     folder = save_dir / checkpoint_name(step)
     if folder.exists():
         if folder in kept_checkpoints(save_dir, keep):
             raise FileExistsError(f"{folder} is already a checkpoint of this run")
+        logger.warning("replacing %s with this run's checkpoint of the same step", folder)
         shutil.rmtree(folder)
     os.replace(partial, folder)
     point_latest(save_dir, folder, keep)
     return folder
 
 
-def remove_leftovers(save_dir: Path, keep: int = 1) -> list[str]:
-    """Delete what an interrupted run can leave in its save dir: partial checkpoint folders,
-    checkpoint folders the run does not keep (``kept_checkpoints``: a rotation cut short, or
-    more than a smaller ``keep`` of a resumed run allows) and the temporary files of its killed
-    atomic writes. Returns the names deleted."""
-    removed = prune_checkpoints(save_dir, keep)
+def remove_leftovers(save_dir: Path) -> list[str]:
+    """Delete what an interrupted run provably left in its save dir: its partial checkpoint
+    folders and the temporary files of its killed atomic writes (never a complete checkpoint,
+    even one no pointer names). Returns the names deleted."""
+    removed = []
     for path in sorted(save_dir.glob(f".checkpoint-*{PARTIAL_SUFFIX}")):
-        if path.is_dir():
+        if path.is_dir() and re.fullmatch(rf"\.checkpoint-[0-9]{{9}}{re.escape(PARTIAL_SUFFIX)}", path.name):
             shutil.rmtree(path)
             removed.append(path.name)
     for name in (CHECKPOINT_POINTER, BEST_POINTER, CONFIG_FILE, VOCAB_FILE, *METRICS_FILES):
@@ -163,7 +370,7 @@ def keep_if_best(
     "average"}) is the lowest so far, and delete the checkpoint it replaces unless the run keeps
     it as one of its newest ``keep``. True if ``folder`` is now the best."""
     pointer = save_dir / BEST_POINTER
-    best = json.loads(pointer.read_text(encoding="utf-8")) if pointer.is_file() else None
+    best = read_best(save_dir)
     if best is not None and perplexity["average"] >= best["average"]:
         return False
     write_json(pointer, {"folder": folder.name, "step": step, **perplexity})
@@ -179,7 +386,7 @@ def newest_checkpoints(save_dir: Path, n: int) -> list[Path]:
         raise ValueError(f"--average must be at least 1, got {n}")
     if latest_checkpoint(save_dir) is None:
         raise FileNotFoundError(f"{save_dir} has no checkpoint to average (no '{CHECKPOINT_POINTER}')")
-    config = json.loads((save_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    config = read_json(save_dir / CONFIG_FILE)
     keep = int(config.get("keep_checkpoints") or 1)
     folders = recent_checkpoints(save_dir, keep)[-n:]
     if len(folders) < n:
@@ -261,7 +468,7 @@ def training_summary(
     if folder is None:
         return None
     run = load_checkpoint_file(folder / "model.pt")["run"]
-    config = json.loads((save_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    config = read_json(save_dir / CONFIG_FILE)
     n_train = config.get("n_train_tokens")
     return {
         "steps": int(run["step"]),

@@ -225,6 +225,8 @@ def train_command(args: argparse.Namespace) -> int:
     from .launch import TrainConfig, TrainingError, launch, resume_config
 
     given = {name: getattr(args, name) for name in TRAIN_FIELDS}
+    if args.resume_from:  # resuming from a named checkpoint is resuming
+        args.resume = True
     again = _resume_command(args)
     try:
         if args.resume:  # only what is given changes (and only what a resumed run may change)
@@ -238,7 +240,12 @@ def train_command(args: argparse.Namespace) -> int:
             if config.epochs is None and config.max_steps is None and config.max_time is None:
                 config.epochs = 10
         outcome = launch(
-            config, resume=args.resume, processes=args.nproc, gpus=args.gpus, new_data=args.new_data
+            config,
+            resume=args.resume,
+            processes=args.nproc,
+            gpus=args.gpus,
+            new_data=args.new_data,
+            resume_from=args.resume_from,
         )
     except (TrainingError, OSError) as err:
         return _fail(err)
@@ -589,14 +596,27 @@ def substitutes_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_choice(value: str) -> str:
+    """An argparse type: latest, best, or a checkpoint folder's name (checkpoint-<9 digits>)."""
+    from .checkpoints import CHECKPOINT_NAME
+
+    if value in ("latest", "best") or CHECKPOINT_NAME.fullmatch(value):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected latest, best or a checkpoint folder's name (checkpoint-<9 digits>), got {value!r}"
+    )
+
+
 def _add_checkpoint_choice(p: argparse.ArgumentParser) -> None:
     """--checkpoint latest|best and --average N: which weights of a training save dir to use."""
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--checkpoint",
-        choices=["latest", "best"],
+        type=_checkpoint_choice,
         default="latest",
-        help="of a training save dir: the latest, or the one with the lowest held-out perplexity",
+        metavar="latest|best|checkpoint-<step>",
+        help="of a training save dir: the latest, the one with the lowest held-out perplexity, or "
+        "one of its checkpoint folders by name",
     )
     which.add_argument(
         "--average",
@@ -769,6 +789,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 0 = original recipe; 0.01 teaches the model to start from zero)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
+    p.add_argument(
+        "--resume-from",
+        metavar="CHECKPOINT",
+        help="continue the run in --save-dir from this checkpoint folder of it (e.g. "
+        "checkpoint-000000117) instead of the one its 'latest' names; implies --resume",
+    )
     p.add_argument(
         "--new-data",
         action="store_true",

@@ -3,7 +3,6 @@ folder in the original layout (options.json, weights.hdf5, vocab.txt, softmax.hd
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -22,6 +21,7 @@ from .checkpoints import (
     latest_checkpoint,
     load_checkpoint_file,
     newest_checkpoints,
+    read_json,
     training_summary,
 )
 from .data import Vocabulary
@@ -50,7 +50,9 @@ def load_language_model(
 ) -> tuple[LanguageModel, Vocabulary]:
     """(LanguageModel, Vocabulary) from a training save dir (its "latest" or "best" checkpoint,
     or with ``average`` the mean of its newest ``average`` checkpoints: ``average_weights``), an
-    exported model folder or a shipped model's name; the model is in eval mode."""
+    exported model folder or a shipped model's name; the model is in eval mode. ``checkpoint``
+    may also name a checkpoint folder of the save dir (``checkpoint-<step>``). Every checkpoint
+    file read is checked against its manifest (``checkpoints.load_checkpoint_file``)."""
     folder = Path(model_dir)
     if not folder.is_dir() and str(model_dir) in available_models():
         folder = model_files(model_dir)[0].parent  # a shipped model by name
@@ -69,7 +71,7 @@ def load_language_model(
     if checkpoint == "best" and chosen is None and latest_checkpoint(folder) is not None:
         raise FileNotFoundError(f"{folder} has no best checkpoint: the run had no held-out data")
     if chosen is not None:
-        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        config = read_json(folder / CONFIG_FILE)
         model = LanguageModel(config["options"], len(vocab), dropout=0.0)
         if average is None:
             weights = load_checkpoint_file(chosen / "model.pt")["model"]

@@ -10,7 +10,6 @@ WORLD_SIZE and LOCAL_RANK in its environment.
 from __future__ import annotations
 
 import errno
-import json
 import multiprocessing
 import os
 import signal
@@ -28,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from .atomic import write_json
-from .checkpoints import CONFIG_FILE, VOCAB_FILE, latest_checkpoint
+from .checkpoints import CONFIG_FILE, VOCAB_FILE, latest_checkpoint, read_json, resume_point
 from .data import Vocabulary
 from .devices import resolve_device
 from .export import load_language_model
@@ -180,7 +179,7 @@ def _source_options(model_dir: str | Path) -> dict[str, Any]:
     """The options of a model to fine-tune from (a training save dir or an exported folder)."""
     folder = Path(model_dir)
     if latest_checkpoint(folder) is not None:
-        return json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))["options"]
+        return read_json(folder / CONFIG_FILE)["options"]
     return BiLMOptions.from_file(folder / "options.json").to_dict()
 
 
@@ -196,7 +195,10 @@ def resume_config(save_dir: str | Path, given: Mapping[str, Any]) -> TrainConfig
     if not path.is_file():
         raise TrainingError(f"--resume: {folder} holds no run (no {CONFIG_FILE}); start it without --resume")
     known = {f.name for f in fields(TrainConfig)}
-    stored = {k: v for k, v in json.loads(path.read_text(encoding="utf-8")).items() if k in known}
+    stored = read_json(path)
+    if not isinstance(stored, dict):
+        raise TrainingError(f"{path}: not a run's configuration (a JSON object)")
+    stored = {k: v for k, v in stored.items() if k in known}
     stored["save_dir"] = str(folder)  # never the stored one: older versions wrote it
     config = TrainConfig(**stored)
     given = {k: v for k, v in given.items() if v is not None and v != {} and k != "save_dir"}
@@ -358,22 +360,35 @@ def _pass_on(signum: int, frame: Any) -> None:
         os.kill(process.pid, signum)
 
 
-def _train_process(config: dict[str, Any], resume: bool, new_data: bool = False) -> Outcome:
+def _train_process(
+    config: dict[str, Any], resume: bool, new_data: bool = False, resume_from: str | None = None
+) -> Outcome:
     from .train import train  # here, not above: train.py imports this module
 
-    return train(TrainConfig(**config), resume=resume, new_data=new_data)
+    return train(TrainConfig(**config), resume=resume, new_data=new_data, resume_from=resume_from)
 
 
 def launch(
-    config: TrainConfig, resume: bool, processes: int = 1, gpus: str | None = None, new_data: bool = False
+    config: TrainConfig,
+    resume: bool,
+    processes: int = 1,
+    gpus: str | None = None,
+    new_data: bool = False,
+    resume_from: str | None = None,
 ) -> Outcome:
     """Train in this process, or start one process per GPU in ``gpus`` ("0,1") or ``processes``
     CPU processes (gloo) through ``run_processes``. Under torchrun (WORLD_SIZE set), this process
     is one of the run's; torchrun started the others. Returns how the run (its first process)
-    ended; a failed process raises TrainingError with its message. ``new_data``: see ``train``."""
+    ended; a failed process raises TrainingError with its message. ``new_data``, ``resume_from``:
+    see ``train``. On resume the checkpoint to continue from is checked before any process
+    starts (``checkpoints.resume_point``)."""
     config.check()  # before any process starts
     if new_data and not resume:
         raise ValueError("--new-data continues a run: give it with --resume")
+    if resume_from is not None and not resume:
+        raise ValueError("--resume-from continues a run: give it with --resume")
+    if resume:
+        resume_point(Path(config.save_dir), resume_from)
     started = int(os.environ.get("WORLD_SIZE", "1")) > 1
     count = len(gpus.split(",")) if gpus else processes
     problem = RANGES["nproc"].problem(count)
@@ -384,9 +399,9 @@ def launch(
     if gpus:
         config = replace(config, device="cuda" if count > 1 else f"cuda:{gpus.strip()}")
     if count == 1:
-        return _in_process_group(_train_process, (asdict(config), resume, new_data))
+        return _in_process_group(_train_process, (asdict(config), resume, new_data, resume_from))
     try:
-        return run_processes(_train_process, (asdict(config), resume, new_data), count, gpus)[0]
+        return run_processes(_train_process, (asdict(config), resume, new_data, resume_from), count, gpus)[0]
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")

@@ -33,13 +33,15 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from .atomic import atomic_path
+from .atomic import atomic_path, write_text
 from .checkpoints import (
     BEST_POINTER,
     CHECKPOINT_POINTER,
+    METRICS_FILES,
     VOCAB_FILE,
     best_checkpoint,
     checkpoint_folder,
+    checkpoint_folders,
     checkpoint_name,
     keep_if_best,
     latest_checkpoint,
@@ -47,6 +49,7 @@ from .checkpoints import (
     partial_folder,
     publish_checkpoint,
     remove_leftovers,
+    resume_point,
     rng_state,
     save_checkpoint_file,
     set_rng_state,
@@ -418,6 +421,7 @@ class Trainer:
             error = err
         if not self.env.any(error is not None):
             return
+        cause = _write_failure(error, self.save_dir)  # before the partial folder frees its space
         if self.env.is_main:
             shutil.rmtree(partial, ignore_errors=True)
         previous = (
@@ -426,8 +430,7 @@ class Trainer:
             else "no earlier checkpoint exists"
         )
         raise TrainingError(
-            f"writing the checkpoint of step {self.run.step} in {self.save_dir} failed: "
-            f"{_write_failure(error, self.save_dir)}; {previous}"
+            f"writing the checkpoint of step {self.run.step} in {self.save_dir} failed: {cause}; {previous}"
         ) from None
 
     def load_checkpoint(self, folder: Path, data: bool = True) -> None:
@@ -466,7 +469,9 @@ def _write_failure(error: BaseException | None, folder: Path) -> str:
         free = shutil.disk_usage(folder).free
     except OSError:
         free = None
-    if getattr(error, "errno", None) == errno.ENOSPC or free == 0:
+    # torch's own writer says only "unexpected pos A vs B" when the disk took fewer bytes
+    short_write = isinstance(error, RuntimeError) and "unexpected pos" in str(error)
+    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free == 0 or short_write:
         return "the disk is full (no space left on device)"
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
@@ -622,8 +627,16 @@ def _up_to(rows: list[list[str]], step: int) -> list[list[str]]:
 
 
 def _read_csv(path: Path) -> list[list[str]]:
-    with path.open(newline="") as f:
-        return list(csv.reader(f))
+    """The rows of a CSV log of the save dir; one that is not CSV text is a TrainingError that
+    names it (the run does not write over it)."""
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as err:
+        cause = "its bytes are not UTF-8 text" if isinstance(err, UnicodeDecodeError) else str(err)
+        raise TrainingError(
+            f"{path}: not a CSV log ({cause}); move it away and the run starts a new one"
+        ) from None
 
 
 def _write_csv(path: Path, rows: list[list[str]]) -> None:
@@ -656,18 +669,27 @@ def check_heldout(pattern: str, vocab: Vocabulary, max_chars: int) -> None:
 
 
 def train(
-    config: TrainConfig, resume: bool = False, progress: bool = True, new_data: bool = False
+    config: TrainConfig,
+    resume: bool = False,
+    progress: bool = True,
+    new_data: bool = False,
+    resume_from: str | None = None,
 ) -> Outcome:
     """Run (or resume) training in this process; every DDP process calls this. On resume, the
-    save dir's stored configuration with the changes ``config`` may make (``resume_config``);
-    a save dir without a checkpoint starts from step 0. ``new_data`` (with ``resume``): the corpus
-    changed (more or other text); weights, optimizer state and step continue, the corpus is read
-    from its beginning and its size is counted again. Returns how the session ended."""
+    save dir's stored configuration with the changes ``config`` may make (``resume_config``),
+    from the checkpoint ``latest`` names, or the one ``resume_from`` names (``checkpoint-<step>``
+    of the save dir; ``latest`` then names it); a save dir without any checkpoint starts from
+    step 0. ``new_data`` (with ``resume``): the corpus changed (more or other text); weights,
+    optimizer state and step continue, the corpus is read from its beginning and its size is
+    counted again. Returns how the session ended."""
+    if resume_from is not None and not resume:
+        raise ValueError("--resume-from continues a run: give it with --resume")
     config = prepare_run(config, resume)
     env = setup_distributed(config.device)
     save_dir = Path(config.save_dir)
+    latest = resume_point(save_dir, resume_from) if resume else None
     if env.is_main:
-        removed = remove_leftovers(save_dir, config.keep_checkpoints)
+        removed = remove_leftovers(save_dir)
         if removed:
             print(f"removed what an interrupted run left in {save_dir}: {', '.join(removed)}")
     own_vocab = save_dir / VOCAB_FILE
@@ -699,9 +721,14 @@ def train(
         max_characters_per_token=max_chars,
     )
     trainer = Trainer(config, data, len(vocab), env, vocab=vocab)
-    latest = latest_checkpoint(save_dir) if resume else None
     if latest is not None:
         trainer.load_checkpoint(latest, data=not new_data)
+        newer = [p.name for p in checkpoint_folders(save_dir) if p.name > latest.name]
+        if newer and env.is_main:
+            print(
+                f"resuming from {latest.name}; {', '.join(newer)}, written after it by a run that "
+                "stopped before pointing 'latest' at it, will be replaced at its step"
+            )
         if new_data and env.is_main:
             print(
                 f"continuing step {trainer.run.step:,} on a new corpus "
@@ -714,10 +741,16 @@ def train(
             shared = initialize_from(trainer.model, config.init_from, vocab)
             if env.is_main:
                 print(f"initialized from {config.init_from}: {shared}/{len(vocab)} softmax rows copied")
+    if env.is_main:
+        for log in METRICS_FILES:  # a log the run cannot read stops it before it writes anything
+            if (save_dir / log).exists():
+                _read_csv(save_dir / log)
     if env.is_main:  # every check passed: the save dir is made and written from here on
         save_dir.mkdir(parents=True, exist_ok=True)
         if latest is None:
             vocab.save(own_vocab)
+        elif resume_from is not None:  # the run goes on from here: a plain --resume finds it
+            write_text(save_dir / CHECKPOINT_POINTER, latest.name + "\n")
         save_config(config)  # with the changes of this session
     env.barrier()
     steps = total_steps(config, config.n_train_tokens, env.world_size)

@@ -842,7 +842,11 @@ def build_parser() -> argparse.ArgumentParser:
         "with its line number; empty lines are skipped.",
     )
     p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("-o", "--output", help="file to write (atomically); default: stdout")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="file to write (atomically); a named pipe or /dev/stdout is written into; default: stdout",
+    )
     p.add_argument("--format", choices=["jsonl", "tsv"], default="jsonl", help="JSON lines (default) or TSV")
     p.add_argument(
         "--per-token", action="store_true", help="JSON lines: also each prediction's log-probability"

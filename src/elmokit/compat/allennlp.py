@@ -538,7 +538,11 @@ def add_elmo_parser(subparsers: Any) -> argparse.ArgumentParser:
         "arguments, the same HDF5 layout and the same numbers (states carried from batch to batch).",
     )
     p.add_argument("input_file", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("output_file", help="HDF5 file to write (replaced if it exists)")
+    p.add_argument(
+        "output_file",
+        help="HDF5 file to write (a regular file is replaced if it exists, as AllenNLP does; never "
+        "the input, a link, a device or a pipe)",
+    )
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--all", action="store_true", help="Output all three ELMo vectors.")
     group.add_argument("--top", action="store_true", help="Output the top ELMo vector.")

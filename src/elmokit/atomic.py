@@ -184,6 +184,21 @@ def check_output(
     return target
 
 
+def check_outputs_in(
+    folder: str | os.PathLike,
+    names: Iterable[str],
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> None:
+    """``check_output`` for each file ``names`` that a command writes into ``folder`` and that
+    is already there (a model folder, a run's --out), before the work."""
+    inputs = list(inputs)
+    for name in names:
+        path = Path(folder) / name
+        if os.path.lexists(path):
+            check_output(path, overwrite, inputs)
+
+
 def _refuse_input(target: Path, inputs: Iterable[str | os.PathLike]) -> None:
     """Raise ValueError if ``target`` is one of ``inputs`` (the same file under any name)."""
     try:

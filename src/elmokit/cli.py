@@ -340,23 +340,13 @@ def _model_files(model_dir: str) -> list[Path]:
     ]
 
 
-def _check_folder_outputs(folder: str, names: Sequence[str], overwrite: bool, inputs: list[Path]) -> None:
-    """The output policy (``atomic.check_output``) for the files ``names`` that a command writes
-    into ``folder``, for those already there (the folder itself is checked by the command)."""
-    from .atomic import check_output
-
-    for name in names:
-        path = Path(folder) / name
-        if os.path.lexists(path):
-            check_output(path, overwrite, inputs)
-
-
 def export_command(args: argparse.Namespace) -> int:
+    from .atomic import check_outputs_in
     from .export import TRAINING_FILE, export_model
     from .weights import SOFTMAX_FILE, has_start_state
 
     written = ("options.json", "weights.hdf5", "vocab.txt", SOFTMAX_FILE, TRAINING_FILE)
-    _check_folder_outputs(args.out_dir, written, args.overwrite, _model_files(args.model_dir))
+    check_outputs_in(args.out_dir, written, args.overwrite, _model_files(args.model_dir))
     out = export_model(args.model_dir, args.out_dir, checkpoint=args.checkpoint, average=args.average)
     which = f"{args.checkpoint} checkpoint"
     if args.average:

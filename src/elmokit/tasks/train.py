@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic import atomic_path, check_output, write_bytes, write_json
+from ..atomic import atomic_path, check_outputs_in, write_bytes, write_json
 from ..bilm import BiLM
 from ..characters import batch_to_ids, token_to_ids
 from ..elmo import Elmo
@@ -401,12 +401,11 @@ def check_task_outputs(config: TaskConfig) -> Path:
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; give a folder to write the results into")
+    check_outputs_in(out, OUTPUT_FILES, config.overwrite, [config.train, config.dev, config.test])
     try:
         out.mkdir(parents=True, exist_ok=True)
     except PermissionError:
         raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
-    for name in OUTPUT_FILES:
-        check_output(out / name, config.overwrite, [config.train, config.dev, config.test])
     return out
 
 

@@ -94,7 +94,7 @@ def command(run: Run, args: argparse.Namespace) -> list[str]:
         cmd += ["--epochs", str(args.epochs)]
     if run.elmo:
         cmd += ["--cache-dir", str(args.cache_dir)]
-    cmd += ["--out", str(run.folder(args.out))]
+    cmd += ["--out", str(run.folder(args.out)), "--overwrite"]  # a run without metrics.json is redone
     return cmd + list(args.task_args)
 
 

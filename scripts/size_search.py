@@ -109,6 +109,7 @@ def evaluate(save_dir: Path, heldout: str, out: Path, env: dict) -> float:
             heldout,
             "--json",
             str(out),
+            "--overwrite",  # of an evaluation whose figure was not saved
             "--quiet",
         ],
         check=True,

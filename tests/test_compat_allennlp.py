@@ -486,7 +486,7 @@ def test_allennlp_module_paths_resolve_to_elmokit(allennlp_modules, tiny_files):
     assert not any((Path(p) / "allennlp").exists() for p in sys.path if p and Path(p).is_dir())
     embedder = allennlp.commands.elmo.ElmoEmbedder(*tiny_files)
     assert embedder.embed_sentence(["hello"]).shape == (3, 1, 32)
-    with pytest.raises(ModuleNotFoundError, match=r"No module named 'allennlp.data'.*provides only"):
+    with pytest.raises(ModuleNotFoundError, match=r"No module named 'allennlp.data'"):
         importlib.import_module("allennlp.data")
     install_allennlp_modules()  # a second call changes nothing
     assert sum(type(f).__name__ == "_AllenNLPModules" for f in sys.meta_path) == 1

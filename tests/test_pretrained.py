@@ -46,7 +46,7 @@ def test_news_model_evaluates_by_name(tmp_path):
     text.write_text("The company said profits rose 5 pct in 1986 .\nOil prices fell on Monday .\n")
     figures = []
     for model in (NEWS, str(MODELS_DIR / NEWS)):
-        out = tmp_path / "figures.json"
+        out = tmp_path / f"figures-{len(figures)}.json"
         assert (
             main(
                 [

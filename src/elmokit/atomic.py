@@ -19,9 +19,10 @@ import os
 import re
 import signal
 import socket
+import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -99,13 +100,80 @@ def remove_leftovers(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def check_output(path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Check that a file can be written at ``path`` before the work that produces it: not a
-    folder, not an existing file unless ``overwrite``, in an existing writable folder. Raises
-    an OSError subclass whose message names the problem."""
-    target = Path(path)
-    if target.is_dir():
+def _kind(mode: int) -> str | None:
+    """What a file of ``st_mode`` is, in words, when it is not a regular file; None if it is."""
+    if stat.S_ISREG(mode):
+        return None
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def is_stream(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (its links followed) is a named pipe, a character device or a socket:
+    something a streaming output is written into directly, never renamed over."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def _refuse_non_regular(target: Path) -> None:
+    """Raise if ``target`` exists and is not a regular file (a folder, a link, a device, a
+    pipe, a socket): renaming a new file over it would replace it."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    kind = _kind(mode)
+    if kind == "a folder":
         raise IsADirectoryError(f"output {target} is a folder; give the path of a file to write")
+    if kind is not None:
+        raise FileExistsError(
+            f"output {target} is {kind}, not a regular file; elmokit writes a new file and renames "
+            "it into place, which would replace it: give the path of a regular file"
+        )
+
+
+def _input_ids(inputs: Iterable[str | os.PathLike]) -> Iterator[tuple[tuple[int, int], str]]:
+    """(st_dev, st_ino) and name of every input file; ``-`` (standard input) and missing
+    inputs are skipped."""
+    for item in inputs:
+        if str(item) == "-":
+            continue
+        try:
+            info = os.stat(item)
+        except OSError:
+            continue
+        yield (info.st_dev, info.st_ino), str(item)
+
+
+def check_output(
+    path: str | os.PathLike,
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    streaming: bool = False,
+) -> Path:
+    """The one output policy of every command that writes a file, checked before its work.
+
+    Refused: a folder; a symbolic link, a device, a named pipe or a socket (renaming a new
+    file over it would replace it; with ``streaming``, a pipe, a character device or a socket,
+    its links followed, is accepted: the caller writes straight into it, see ``is_stream``); an
+    existing file unless ``overwrite``; the same file as any of ``inputs`` under any name (hard
+    links included), even with ``overwrite``; a missing or unwritable folder. Raises OSError or
+    ValueError naming the output and the cause; returns the output's path."""
+    target = Path(path)
+    _refuse_input(target, inputs)
+    if streaming and is_stream(target):
+        return target
+    _refuse_non_regular(target)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     folder = target.parent
@@ -114,6 +182,32 @@ def check_output(path: str | os.PathLike, overwrite: bool = False) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise PermissionError(f"cannot write {target}: the folder {folder} is not writable")
     return target
+
+
+def check_outputs_in(
+    folder: str | os.PathLike,
+    names: Iterable[str],
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> None:
+    """``check_output`` for each file ``names`` that a command writes into ``folder`` and that
+    is already there (a model folder, a run's --out), before the work."""
+    inputs = list(inputs)
+    for name in names:
+        path = Path(folder) / name
+        if os.path.lexists(path):
+            check_output(path, overwrite, inputs)
+
+
+def _refuse_input(target: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    """Raise ValueError if ``target`` is one of ``inputs`` (the same file under any name)."""
+    try:
+        info = os.stat(target)
+    except OSError:
+        return  # nothing there: it cannot be an input
+    for key, name in _input_ids(inputs):
+        if key == (info.st_dev, info.st_ino):
+            raise ValueError(f"output {target} is the input file {name}; write to another file")
 
 
 @contextmanager
@@ -158,11 +252,12 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
     ``overwrite=False`` never replaces a file that appeared at ``path`` meanwhile: it raises
     FileExistsError instead (the final step links the new file in, which fails if the name is
     taken). The temporary file is created empty with O_EXCL, so the writer may reopen it by name
-    (h5py, torch.save) or write it through the yielded path.
+    (h5py, torch.save) or write it through the yielded path. Whatever ``overwrite``, a ``path``
+    that is not a regular file (a folder, a link, a device, a pipe, a socket) is never renamed
+    over: it raises before the block and again before the rename.
     """
     target = Path(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"output {target} is a folder; give the path of a file to write")
+    _refuse_non_regular(target)
     remove_leftovers(target)
     with terminate_raises():
         tmp = _temporary(target)
@@ -170,6 +265,7 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
             yield tmp
             raise_if_signalled()
             os.chmod(tmp, 0o666 & ~_umask())
+            _refuse_non_regular(target)  # what appeared meanwhile is not renamed over either
             if overwrite:
                 os.replace(tmp, target)
             else:

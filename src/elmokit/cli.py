@@ -175,14 +175,16 @@ def _read_config(value: str) -> dict:
 
 def vocab(args: argparse.Namespace) -> int:
     """Build a frequency-sorted vocabulary file from corpus files."""
+    from .atomic import check_output
     from .data import Vocabulary, corpus_files, count_tokens
 
     files = [f for pattern in args.corpus for f in corpus_files(pattern)]
+    check_output(args.output, args.overwrite, files)  # before the work, not after it
     counts = count_tokens(files)
     if not counts:
         raise ValueError(f"empty corpus: {' '.join(args.corpus)} holds no tokens")
     built = Vocabulary.build(counts, min_count=args.min_count, max_size=args.max_size)
-    built.save(args.output)
+    built.save(args.output, overwrite=args.overwrite)
     total = sum(counts.values())
     print(
         f"{len(files)} files, {total:,} tokens, {len(counts):,} distinct; vocabulary of "
@@ -302,8 +304,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from .export import load_language_model
 
     device = resolve_device(args.device)
-    if args.json:
-        check_output(args.json, overwrite=True)  # before the work, not after it
+    if args.json:  # before the work, not after it; the model's files and the held-out text are inputs
+        check_output(args.json, args.overwrite, [*_model_files(args.model_dir), *corpus_files(args.heldout)])
     model, vocabulary = load_language_model(
         args.model_dir, device=device, checkpoint=args.checkpoint, average=args.average
     )
@@ -324,14 +326,34 @@ def evaluate_command(args: argparse.Namespace) -> int:
         f"arithmetic mean of the two: {result.arithmetic_mean:.2f})"
     )
     if args.json:
-        write_json(args.json, asdict(result))
+        write_json(args.json, asdict(result), overwrite=args.overwrite)
     return 0
 
 
-def export_command(args: argparse.Namespace) -> int:
-    from .export import export_model
-    from .weights import has_start_state
+def _model_files(model_dir: str) -> list[Path]:
+    """The files of a model folder or training save dir that a command reads (weights,
+    checkpoints, vocabulary, options and run configuration; not the files a run writes, such
+    as metrics or an earlier --json): inputs that no output may replace."""
+    from .checkpoints import BEST_POINTER, CHECKPOINT_POINTER, CONFIG_FILE
 
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        return []
+    names = {"options.json", CONFIG_FILE, BEST_POINTER, CHECKPOINT_POINTER}
+    return [
+        path
+        for path in folder.rglob("*")
+        if path.is_file() and (path.suffix in (".pt", ".hdf5", ".txt") or path.name in names)
+    ]
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from .atomic import check_outputs_in
+    from .export import TRAINING_FILE, export_model
+    from .weights import SOFTMAX_FILE, has_start_state
+
+    written = ("options.json", "weights.hdf5", "vocab.txt", SOFTMAX_FILE, TRAINING_FILE)
+    check_outputs_in(args.out_dir, written, args.overwrite, _model_files(args.model_dir))
     out = export_model(args.model_dir, args.out_dir, checkpoint=args.checkpoint, average=args.average)
     which = f"{args.checkpoint} checkpoint"
     if args.average:
@@ -535,14 +557,18 @@ def score_command(args: argparse.Namespace) -> int:
         return _fail(err)
     if not args.quiet:
         rate = max(summary.seconds, 1e-9)
+        perplexity = (
+            f"perplexity over all sentences: forward {summary.forward_perplexity:.2f}, backward "
+            f"{summary.backward_perplexity:.2f}, average {summary.perplexity:.2f}"
+            if summary.sentences
+            else "no sentence to score, so the perplexity is undefined"
+        )
         print(
             f"scored {summary.sentences:,} sentences ({summary.empty:,} empty "
             f"line{'' if summary.empty == 1 else 's'} skipped), "
             f"{summary.tokens:,} tokens ({summary.oov:,} outside the vocabulary) in "
             f"{summary.seconds:.1f} s: {summary.sentences / rate:,.0f} sentences/s, "
-            f"{summary.tokens / rate:,.0f} tokens/s (mode {args.mode}); perplexity over all "
-            f"sentences: forward {summary.forward_perplexity:.2f}, backward "
-            f"{summary.backward_perplexity:.2f}, average {summary.perplexity:.2f}"
+            f"{summary.tokens / rate:,.0f} tokens/s (mode {args.mode}); {perplexity}"
             + (f" -> {args.output}" if args.output else ""),
             file=sys.stderr,
         )
@@ -731,6 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("vocab", help="build a frequency-sorted vocabulary from corpus files")
     p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
     p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--min-count", type=_ranged(int, low=1), default=1)
     p.add_argument("--max-size", type=_ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
     p.set_defaults(func=vocab)
@@ -811,12 +838,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     _add_checkpoint_choice(p)
     p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument("--overwrite", action="store_true", help="replace the --json file if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=evaluate_command)
 
     p = sub.add_parser("export", help="write a trained model in the original layout")
     p.add_argument("model_dir")
     p.add_argument("out_dir")
+    p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
     _add_checkpoint_choice(p)
     p.set_defaults(func=export_command)
 
@@ -829,7 +858,11 @@ def build_parser() -> argparse.ArgumentParser:
         "with its line number; empty lines are skipped.",
     )
     p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("-o", "--output", help="file to write (atomically); default: stdout")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="file to write (atomically); a named pipe or /dev/stdout is written into; default: stdout",
+    )
     p.add_argument("--format", choices=["jsonl", "tsv"], default="jsonl", help="JSON lines (default) or TSV")
     p.add_argument(
         "--per-token", action="store_true", help="JSON lines: also each prediction's log-probability"

@@ -43,6 +43,7 @@ import numpy as np
 
 from .atomic import write_text
 from .characters import BOS_TOKEN, EOS_TOKEN, MAX_CHARACTERS_PER_TOKEN, token_to_ids
+from .textfiles import read_lines
 from .token_cache import LruCache
 
 UNK_TOKEN = "<UNK>"
@@ -103,16 +104,16 @@ class Vocabulary:
 
     @classmethod
     def from_file(cls, path: PathLike) -> Vocabulary:
-        """Read a vocabulary file: UTF-8, one token per line (surrounding whitespace stripped)."""
+        """Read a vocabulary file: UTF-8, one token per line (surrounding whitespace stripped),
+        as ``textfiles.read_lines`` reads text (a byte-order mark is dropped)."""
         tokens = []
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                token = line.strip()
-                if token == _SKIPPED_VOCAB_LINE:
-                    continue
-                if token == "":
-                    raise ValueError(f"vocabulary file {path}: line {line_no} is empty")
-                tokens.append(token)
+        for line_no, line in enumerate(read_lines(path), start=1):
+            token = line.strip()
+            if token == _SKIPPED_VOCAB_LINE:
+                continue
+            if token == "":
+                raise ValueError(f"vocabulary file {path}: line {line_no} is empty")
+            tokens.append(token)
         return cls(tokens, source=str(path))
 
     @classmethod
@@ -133,9 +134,10 @@ class Vocabulary:
             words = words[: max_size - len(SPECIAL_TOKENS)]
         return cls([*SPECIAL_TOKENS, *words], source="<built from counts>")
 
-    def save(self, path: PathLike) -> None:
-        """Write one token per line (UTF-8), readable by :meth:`from_file` and by bilm-tf."""
-        write_text(path, "".join(token + "\n" for token in self._tokens))
+    def save(self, path: PathLike, overwrite: bool = True) -> None:
+        """Write one token per line (UTF-8), readable by :meth:`from_file` and by bilm-tf;
+        ``overwrite=False`` never replaces a file (``atomic.atomic_path``)."""
+        write_text(path, "".join(token + "\n" for token in self._tokens), overwrite)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -263,15 +265,12 @@ def _resolve_files(files: Files) -> list[str]:
 
 
 def _read_lines(path: PathLike) -> Iterator[str]:
-    """Non-blank lines of a UTF-8 file, stripped."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    yield line
-    except UnicodeDecodeError as err:
-        raise ValueError(f"corpus file {path} is not valid UTF-8: {err}") from None
+    """Non-blank lines of a UTF-8 file, stripped (``textfiles.read_lines``: the package's one
+    rule for lines, byte-order marks and bytes that are not UTF-8)."""
+    for line in read_lines(path):
+        line = line.strip()
+        if line:
+            yield line
 
 
 def _names(files: Sequence[str]) -> list[str]:

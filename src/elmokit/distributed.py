@@ -51,7 +51,6 @@ from .embed import (
     _check_layers,
     _output_array,
     _progress,
-    _refuse_same_file,
     _tokenizer,
     _vocabulary_tokens,
     _write_token_vectors,
@@ -137,8 +136,7 @@ def check_embed_file(
     input's line count and the output's path."""
     _check_layers(layers, pooling)
     total = _check_splittable(mode, input_path)
-    output = check_output(output_path, overwrite)
-    _refuse_same_file(input_path, output)
+    output = check_output(output_path, overwrite, [input_path])
     return total, output
 
 
@@ -320,8 +318,7 @@ def embed_tokens_file(
     computes it, and process 0 writes the blocks in order. Returns the number of tokens."""
     if world_size() == 1:
         return embedder.embed_tokens_file(vocab_path, output_path, overwrite)
-    output = check_output(output_path, overwrite)
-    _refuse_same_file(vocab_path, output)
+    output = check_output(output_path, overwrite, [vocab_path])
     tokens = _vocabulary_tokens(vocab_path)
     remove_leftovers(output)
     job = _Job("tokens")
@@ -368,7 +365,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "embed":  # what every process would refuse, refused once
         check_embed_file(args.mode, args.input, args.output, args.overwrite, args.layers, args.pooling)
     else:
-        _refuse_same_file(args.vocab, check_output(args.output, args.overwrite))
+        check_output(args.output, args.overwrite, [args.vocab])
         _vocabulary_tokens(args.vocab)
     each = argparse.Namespace(**{**vars(args), "nproc": 1})
     try:

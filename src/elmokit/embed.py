@@ -467,8 +467,7 @@ class Embedder:
         ``json.loads(f["sentence_to_index"][0])``, as allennlp's files).
         """
         _check_layers(layers, pooling)
-        output = check_output(output_path, overwrite)
-        _refuse_same_file(input_path, output)
+        output = check_output(output_path, overwrite, [input_path])
         total = count_lines(input_path)
         lines = read_lines(input_path)
         split = _tokenizer(tokenize)
@@ -506,8 +505,7 @@ class Embedder:
     ) -> int:
         """Context-independent vectors of every line of a vocabulary file: HDF5 dataset
         "embedding" (n_lines, projection_dim), as bilm-tf's dump_token_embeddings."""
-        output = check_output(output_path, overwrite)
-        _refuse_same_file(vocab_path, output)
+        output = check_output(output_path, overwrite, [vocab_path])
         tokens = _vocabulary_tokens(vocab_path)
         blocks = (
             self.encode_token_block(tokens[i : i + TOKEN_BLOCK]) for i in range(0, len(tokens), TOKEN_BLOCK)
@@ -623,13 +621,6 @@ def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:
         for token in sentence:
             if token == "":
                 raise ValueError(f"sentence {i} has an empty token")
-
-
-def _refuse_same_file(input_path: str | os.PathLike, output: Path) -> None:
-    """An output that is the input itself (the same file under any name) would replace it."""
-    if str(input_path) != "-" and output.exists() and Path(input_path).exists():
-        if os.path.samefile(input_path, output):
-            raise ValueError(f"output {output} is the input file {input_path}; write to another file")
 
 
 def _check_layers(layers: str, pooling: str | None) -> None:

@@ -9,14 +9,16 @@ WORLD_SIZE and LOCAL_RANK in its environment.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import multiprocessing
 import os
 import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -348,10 +350,38 @@ def run_processes(
         previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _pass_on)
     try:
-        return elastic_launch(config, _started_process)(entrypoint, args, nproc, gpus)
+        with _quiet_launcher():
+            return elastic_launch(config, _started_process)(entrypoint, args, nproc, gpus)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+# the loggers of torch's elastic launcher, whose report of a failed process (a traceback of the
+# launcher's own code) would come before elmokit's one line naming the process and its cause
+_LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+
+
+@contextlib.contextmanager
+def _quiet_launcher() -> Iterator[None]:
+    """Silence the elastic launcher's log in this process while it runs (set LOGLEVEL=DEBUG
+    or INFO to keep it, as torch reads it)."""
+    if os.environ.get("LOGLEVEL", "").upper() in ("DEBUG", "INFO"):
+        yield
+        return
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith(_LAUNCHER_LOGGERS)
+    ]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before):
+            logger.disabled = disabled
 
 
 def _pass_on(signum: int, frame: Any) -> None:

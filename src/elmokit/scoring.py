@@ -47,6 +47,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -55,13 +56,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .atomic import atomic_path, check_output
+from .atomic import atomic_path, check_output, is_stream
 from .characters import batch_to_ids, check_token_lists
 from .checkpoints import CHECKPOINT_POINTER
 from .data import SPECIAL_TOKENS, Vocabulary
 from .devices import resolve_device
 from .download import is_url
-from .embed import _evaluating, _refuse_same_file, _tokenizer
+from .embed import _evaluating, _tokenizer
 from .export import load_language_model
 from .language_model import LanguageModel
 from .pretrained import DEFAULT_MODEL, MODELS_DIR
@@ -325,7 +326,8 @@ def _score_chunk(
 @dataclass
 class ScoreSummary:
     """What a score_file run did; ``forward_logprob``/``backward_logprob`` are the totals over
-    all sentences, ``predictions`` per direction."""
+    all sentences, ``predictions`` per direction. Without sentences (an empty or blank file) the
+    perplexities are undefined: NaN."""
 
     sentences: int
     tokens: int
@@ -338,16 +340,19 @@ class ScoreSummary:
 
     @property
     def forward_perplexity(self) -> float:
-        return math.exp(-self.forward_logprob / max(self.predictions, 1))
+        return self._perplexity(self.forward_logprob)
 
     @property
     def backward_perplexity(self) -> float:
-        return math.exp(-self.backward_logprob / max(self.predictions, 1))
+        return self._perplexity(self.backward_logprob)
 
     @property
     def perplexity(self) -> float:
         """Over all sentences: exp of the mean loss of both directions (bilm-tf's average)."""
-        return math.exp(-0.5 * (self.forward_logprob + self.backward_logprob) / max(self.predictions, 1))
+        return self._perplexity(0.5 * (self.forward_logprob + self.backward_logprob))
+
+    def _perplexity(self, logprob: float) -> float:
+        return math.exp(-logprob / self.predictions) if self.predictions else math.nan
 
 
 def _format_line(number: int, text: str, score: SentenceScore, fmt: str, per_token: bool) -> str:
@@ -376,24 +381,50 @@ def score_file(
 
     Empty (or blank) lines are skipped and counted; every output line carries its input line
     number (1-based). ``output``: a path, written atomically (a temporary file beside it renamed
-    when complete), an open text stream, or None for stdout. Input and output are streamed."""
+    when complete), an open text stream, or None for stdout; a path that is a named pipe, a
+    character device or a socket (/dev/stdout, a FIFO) is written into directly, never replaced.
+    The output policy is ``atomic.check_output``'s (no input, no link, no existing file unless
+    ``overwrite``). Input and output are streamed."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if per_token and fmt != "jsonl":
         raise ValueError("per-token log-probabilities are written only in the jsonl format")
     _check_model(model, vocab, mode)
     total = count_lines(input_path)  # also checks that the input exists
+    with _output_stream(output, input_path, overwrite) as stream:
+        return _score_to(
+            model, vocab, input_path, stream, fmt, mode, batch_size, per_token, tokenize, progress, total
+        )
+
+
+@contextmanager
+def _output_stream(
+    output: str | os.PathLike | TextIO | None, input_path: str | os.PathLike, overwrite: bool
+) -> Iterator[TextIO]:
+    """The text stream ``score_file`` writes: stdout (None, or a path that is standard output,
+    e.g. /dev/stdout), an open stream, a named pipe or terminal written into, or else a file
+    written atomically; checked by ``atomic.check_output`` before anything is read."""
     if output is None or hasattr(output, "write"):
-        stream = sys.stdout if output is None else output
-        return _score_to(
-            model, vocab, input_path, stream, fmt, mode, batch_size, per_token, tokenize, progress, total
-        )
-    target = check_output(output, overwrite)
-    _refuse_same_file(input_path, target)
+        yield sys.stdout if output is None else output  # type: ignore[misc]
+        return
+    if _is_stdout(Path(output)):
+        yield sys.stdout
+        return
+    target = check_output(output, overwrite, [input_path], streaming=True)
+    if is_stream(target):  # never renamed over
+        with open(target, "w", encoding="utf-8", newline="\n") as stream:
+            yield stream
+        return
     with atomic_path(target, overwrite) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as stream:
-        return _score_to(
-            model, vocab, input_path, stream, fmt, mode, batch_size, per_token, tokenize, progress, total
-        )
+        yield stream
+
+
+def _is_stdout(path: Path) -> bool:
+    """Whether ``path`` is this process's standard output (e.g. /dev/stdout)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, AttributeError, ValueError):
+        return False
 
 
 def _score_to(

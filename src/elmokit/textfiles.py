@@ -22,7 +22,7 @@ _ESCAPED = re.compile("[\udc80-\udcff]")
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
     """The lines of a UTF-8 text file (or stdin for ``-``) without their line ends."""
     stdin = str(path) == "-"
-    raw = sys.stdin.buffer if stdin else open(path, "rb")  # noqa: SIM115
+    raw = standard_input() if stdin else open(path, "rb")  # noqa: SIM115
     text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline=None)
     try:
         for number, line in enumerate(text, start=1):
@@ -40,10 +40,18 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
             text.close()
 
 
+def standard_input() -> io.BufferedIOBase:
+    """The bytes of standard input; a closed one (``<&-``) is a ValueError saying so."""
+    if sys.stdin is None or sys.stdin.closed:
+        raise ValueError("standard input is closed: there is nothing to read from '-'; give a file")
+    return sys.stdin.buffer
+
+
 def count_lines(path: str | os.PathLike) -> int | None:
     """The number of lines ``read_lines`` gives, counted on the bytes; None for stdin or a pipe
     (which can be read only once). A missing input or a folder is an error naming it."""
     if str(path) == "-":
+        standard_input()  # a closed one is named now, before any work
         return None
     path = Path(path)
     if not path.exists():

@@ -5,7 +5,8 @@
 - ``install_allennlp_modules()``: for code you cannot edit (flair's ``ELMoEmbeddings``,
   bio_embeddings' ``SeqVecEmbedder``), make ``import allennlp.commands.elmo`` and
   ``import allennlp.modules.elmo`` give those names from elmokit. Opt-in, in memory only (an
-  import hook; nothing is written to disk), and refused when a real allennlp is importable.
+  import hook; nothing is written to disk), and refused when a real allennlp is importable,
+  then or later (a plain folder named ``allennlp``, without ``__init__.py``, is not one).
 """
 
 from __future__ import annotations
@@ -41,21 +42,18 @@ class AllenNLPConflictError(ImportError):
 
 
 class _AllenNLPModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves exactly ``ALLENNLP_MODULES`` from elmokit; any other ``allennlp.*`` import fails
-    with a message naming what is provided."""
+    """Serves exactly ``ALLENNLP_MODULES`` from elmokit; any other ``allennlp.*`` is not found
+    (``importlib.util.find_spec`` gives None, an import ModuleNotFoundError), and a real
+    allennlp that became importable after the install is refused, never shadowed."""
 
     def find_spec(self, fullname: str, path=None, target=None):  # noqa: ANN001
-        if fullname != "allennlp" and not fullname.startswith("allennlp."):
-            return None
+        if fullname == "allennlp":
+            _refuse_real_allennlp()
         if fullname in _PACKAGES:
             return importlib.util.spec_from_loader(fullname, self, is_package=True)
         if fullname in _ELMO_MODULES:
             return importlib.util.spec_from_loader(fullname, self)
-        raise ModuleNotFoundError(
-            f"No module named {fullname!r}: elmokit's AllenNLP compatibility provides only "
-            f"{', '.join(_ELMO_MODULES)} (elmokit.compat.install_allennlp_modules)",
-            name=fullname,
-        )
+        return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return None  # a fresh module, filled by exec_module
@@ -75,15 +73,45 @@ class _AllenNLPModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _AllenNLPModules()
 
 
+def _real_allennlp() -> importlib.machinery.ModuleSpec | None:
+    """The spec of the allennlp that Python would import without elmokit's hook: a package or a
+    module with a file. A plain folder named ``allennlp`` (a namespace package, e.g. of data)
+    is not one."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if finder is _FINDER or find is None:
+            continue
+        try:
+            spec = find("allennlp", None)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.origin not in (None, "namespace"):
+            return spec
+    return None
+
+
+def _refuse_real_allennlp() -> None:
+    """Raise AllenNLPConflictError if a real allennlp is importable."""
+    spec = _real_allennlp()
+    if spec is not None:
+        raise AllenNLPConflictError(
+            f"a real allennlp is importable ({spec.origin}); elmokit will not shadow it: use it, or "
+            "uninstall it (pip uninstall allennlp) to run this code on elmokit"
+        )
+
+
 def install_allennlp_modules() -> None:
     """Make ``allennlp.commands.elmo`` and ``allennlp.modules.elmo`` (and their packages
     ``allennlp``, ``allennlp.commands``, ``allennlp.modules``) importable, holding
     ``elmokit.compat.allennlp``'s ``ElmoEmbedder``, ``Elmo``, ``batch_to_ids``,
     ``DEFAULT_OPTIONS_FILE`` ... so that packages importing them run on elmokit unchanged.
+    Other ``allennlp.*`` modules do not exist (``importlib.util.find_spec`` gives None).
 
     Call it before importing such a package's ELMo code. It installs an import hook for this
     process only (nothing is written to disk); calling it again does nothing. Raises
-    ``AllenNLPConflictError`` when a real allennlp is importable or already imported."""
+    ``AllenNLPConflictError`` when a real allennlp is importable or already imported (and
+    ``import allennlp`` raises it when a real one became importable later, e.g. through
+    ``sys.path``)."""
     if _FINDER in sys.meta_path:
         return
     loaded = sys.modules.get("allennlp")
@@ -92,13 +120,8 @@ def install_allennlp_modules() -> None:
         raise AllenNLPConflictError(
             f"allennlp is already imported ({where}); elmokit will not stand in for a real allennlp"
         )
-    spec = importlib.util.find_spec("allennlp") if loaded is None else None
-    if spec is not None:
-        where = spec.origin or ", ".join(spec.submodule_search_locations or []) or "sys.path"
-        raise AllenNLPConflictError(
-            f"a real allennlp is importable ({where}); elmokit will not shadow it: use it, or "
-            "uninstall it (pip uninstall allennlp) to run this code on elmokit"
-        )
+    if loaded is None:
+        _refuse_real_allennlp()
     sys.meta_path.insert(0, _FINDER)
 
 

@@ -20,14 +20,12 @@ output file is written atomically, and errors are one line.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from pathlib import Path
 from typing import IO, Any
 
 import h5py
@@ -35,12 +33,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import atomic_path
+from ..atomic import atomic_path, check_output
 from ..bilm import BiLM, BiLMOutput, CarriedState
 from ..characters import BEGIN_OF_WORD_CHAR, END_OF_WORD_CHAR, PADDING_CHAR, token_to_ids
 from ..embed import _evaluating
 from ..lstm import LstmState
 from ..scalar_mix import ScalarMix
+from ..textfiles import count_lines, read_lines
 from .files import resolve_model_file
 
 logger = logging.getLogger(__name__)
@@ -138,7 +137,6 @@ def empty_embedding() -> np.ndarray:
 
 def _lazy_groups_of(iterator: Iterator[Any], group_size: int) -> Iterator[list[Any]]:
     return iter(lambda: list(islice(iterator, 0, group_size)), [])
-
 
 
 # -- the stateful biLM ------------------------------------------------------------------------
@@ -463,14 +461,12 @@ class ElmoEmbedder:
         (n_tokens, dim) for ``top`` and ``average``; ``"sentence_to_index"`` holds
         ``json.dumps({sentence: "i"})`` unless ``forget_sentences`` or ``use_sentence_keys``.
         Blank lines are an error. The file appears only when complete (written beside it, then
-        renamed); an existing file is replaced, as AllenNLP does."""
+        renamed); an existing regular file is replaced, as AllenNLP does, but never the input
+        file (under any name), a symbolic link, a device or a pipe (``atomic.check_output``)."""
         if output_format not in ("all", "top", "average"):
             raise ValueError(f"output_format must be all, top or average, got {output_format!r}")
-        output = Path(output_file_path)
-        if output.is_dir():
-            raise ValueError(f"output is a folder, not a file: {output}")
-        if not output.parent.is_dir():
-            raise FileNotFoundError(f"output folder does not exist: {output.parent}")
+        # AllenNLP replaces an existing file; never the input itself, a link, a device or a pipe
+        output = check_output(output_file_path, overwrite=True, inputs=_input_names(input_file))
         sentences = _read_sentences(input_file)
         blank = [i for i, line in enumerate(sentences) if line == ""]
         if blank:
@@ -517,39 +513,19 @@ class ElmoEmbedder:
                 index[0] = json.dumps(sentence_to_index)
 
 
+def _input_names(input_file: IO[str] | str | os.PathLike) -> list[str]:
+    """The input's path, if it has one (an open file's name), for the output check."""
+    name = getattr(input_file, "name", None) if hasattr(input_file, "read") else input_file
+    return [os.fspath(name)] if isinstance(name, (str, os.PathLike)) else []
+
+
 def _read_sentences(input_file: IO[str] | str | os.PathLike) -> list[str]:
-    """The stripped lines of an open text file, a UTF-8 file at a path, or stdin ("-")."""
+    """The stripped lines of an open text file, a UTF-8 file at a path, or stdin ("-"), read
+    by ``textfiles.read_lines`` (the package's one rule for lines, byte-order marks, UTF-8)."""
     if hasattr(input_file, "read"):
         return [line.strip() for line in input_file]  # type: ignore[union-attr]
-    name = os.fspath(input_file)
-    if name == "-":
-        handle = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8")
-        try:
-            return [line.strip() for line in handle]
-        except UnicodeDecodeError as err:
-            raise ValueError(f"stdin is not valid UTF-8 ({err.reason})") from None
-        finally:
-            handle.detach()
-    path = Path(name)
-    if not path.exists():
-        raise FileNotFoundError(f"input file not found: {path}")
-    if path.is_dir():
-        raise ValueError(f"input is a folder, not a file: {path}")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return [line.strip() for line in handle]
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: line {_first_bad_line(path)} is not valid UTF-8 ({err.reason})") from None
-
-
-def _first_bad_line(path: Path) -> int:
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return number
-    return 0
+    count_lines(input_file)  # a missing input or a folder is named
+    return [line.strip() for line in read_lines(input_file)]
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -562,7 +538,11 @@ def add_elmo_parser(subparsers: Any) -> argparse.ArgumentParser:
         "arguments, the same HDF5 layout and the same numbers (states carried from batch to batch).",
     )
     p.add_argument("input_file", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("output_file", help="HDF5 file to write (replaced if it exists)")
+    p.add_argument(
+        "output_file",
+        help="HDF5 file to write (a regular file is replaced if it exists, as AllenNLP does; never "
+        "the input, a link, a device or a pipe)",
+    )
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--all", action="store_true", help="Output all three ELMo vectors.")
     group.add_argument("--top", action="store_true", help="Output the top ELMo vector.")

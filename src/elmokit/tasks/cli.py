@@ -104,6 +104,7 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
         help="torch CPU threads (default 1: these small models run fastest on one; 0 = torch's default)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier run in --out")
     p.set_defaults(func=task_command)
     return p
 
@@ -140,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> TaskConfig:
         elmo_batch_size=args.elmo_batch_size,
         threads=args.threads,
         progress=not args.quiet,
+        overwrite=args.overwrite,
     )
 
 
@@ -173,6 +175,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
+    except (OSError, ValueError, ImportError) as err:
         print(f"elmokit: error: {err}", file=sys.stderr)
         return 2

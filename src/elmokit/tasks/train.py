@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic import write_bytes, write_json
+from ..atomic import atomic_path, check_outputs_in, write_bytes, write_json
 from ..bilm import BiLM
 from ..characters import batch_to_ids, token_to_ids
 from ..elmo import Elmo
@@ -89,6 +89,7 @@ class TaskConfig:
     threads: int | None = 1  # torch CPU threads during the run (None: leave torch's setting)
     word_dropout: float = 0.5  # chance of replacing a training-set singleton by <unk>
     progress: bool = True
+    overwrite: bool = False  # replace the output files of an earlier run in ``out``
     tag_scheme: str = "IOB1"  # NER: the training file's scheme, which predictions are written in
 
     def __post_init__(self) -> None:
@@ -103,6 +104,8 @@ class TaskConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be at least 1, got {self.epochs}")
+        if self.threads is not None and self.threads < 0:
+            raise ValueError(f"threads must be at least 0 (0: torch's default), got {self.threads}")
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -348,8 +351,8 @@ def _predict(model, data: Encoded, labels: list[str], config: TaskConfig, batch_
     return out
 
 
-def _write_predictions(path: Path, data: Encoded, predictions: list, task: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+def _write_predictions(path: Path, data: Encoded, predictions: list, task: str, overwrite: bool) -> None:
+    with atomic_path(path, overwrite) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for ex, pred in zip(data.examples, predictions):
             if task == "sentiment":
                 f.write(f"{ex.gold}\t{pred}\t{' '.join(ex.tokens)}\n")
@@ -381,12 +384,36 @@ def _threads(n: int | None):
         torch.set_num_threads(before)
 
 
+# the files a run writes in its --out folder
+OUTPUT_FILES = (
+    "metrics.json",
+    "model.safetensors",
+    "model.json",
+    "dev.predictions.txt",
+    "test.predictions.txt",
+)
+
+
+def check_task_outputs(config: TaskConfig) -> Path:
+    """The output folder ``config.out``, made if missing, after checking every file a run writes
+    there by the output policy of every command (``atomic.check_output``: no earlier run's file
+    without ``overwrite``, never a data file, a link, a device or a pipe)."""
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file; give a folder to write the results into")
+    check_outputs_in(out, OUTPUT_FILES, config.overwrite, [config.train, config.dev, config.test])
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
+    return out
+
+
 def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: str | None) -> dict:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     config = copy.deepcopy(config)  # the ELMo sizes get filled in below; the caller's copy stays
     log = log or (lambda message: _log(config, message))
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_task_outputs(config)
     _seed_everything(config.seed)
     task, tagging = config.task, config.task != "sentiment"
 
@@ -522,11 +549,11 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
     dev_pred = _predict(model, splits["dev"], labels, config)
     test_pred = _predict(model, splits["test"], labels, config)
     dev_scores, test_scores = score(task, dev, dev_pred), score(task, test, test_pred)
-    _write_predictions(out / "dev.predictions.txt", splits["dev"], dev_pred, task)
-    _write_predictions(out / "test.predictions.txt", splits["test"], test_pred, task)
+    _write_predictions(out / "dev.predictions.txt", splits["dev"], dev_pred, task, config.overwrite)
+    _write_predictions(out / "test.predictions.txt", splits["test"], test_pred, task, config.overwrite)
 
     config_dict = asdict(config)
-    save_model(out, model, config_dict, list(words), labels, elmo_info)
+    save_model(out, model, config_dict, list(words), labels, elmo_info, config.overwrite)
     metrics = {
         "task": task,
         "metric": metric,
@@ -558,7 +585,7 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
         "config": config_dict,
         "command": command,
     }
-    write_json(out / "metrics.json", metrics)
+    write_json(out / "metrics.json", metrics, config.overwrite)
     log(
         f"{task} {metric}: dev {metrics['dev']:.2f}, test {metrics['test']:.2f} (best epoch {best_epoch}); "
         f"{metrics['cpu_seconds']:.0f} CPU s, {metrics['wall_seconds']:.0f} wall s -> {out / 'metrics.json'}"
@@ -568,17 +595,24 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
 
 # -- model files ------------------------------------------------------------------------------
 def save_model(
-    out: Path, model: torch.nn.Module, config: dict, words: list[str], labels: list[str], elmo: dict
+    out: Path,
+    model: torch.nn.Module,
+    config: dict,
+    words: list[str],
+    labels: list[str],
+    elmo: dict,
+    overwrite: bool = True,
 ) -> None:
     """``model.safetensors`` (every tensor of the state dict) and ``model.json`` (what rebuilds
     the model: config, word list, labels, and the biLM files' SHA-256)."""
     from safetensors.torch import save
 
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
-    write_bytes(out / "model.safetensors", save(state, metadata={"format": MODEL_FORMAT}))
+    write_bytes(out / "model.safetensors", save(state, metadata={"format": MODEL_FORMAT}), overwrite)
     write_json(
         out / "model.json",
         {"format": MODEL_FORMAT, "config": config, "words": words, "labels": labels, "elmo": elmo},
+        overwrite,
     )
 
 

@@ -1,0 +1,338 @@
+"""Nothing lost, nothing clobbered: one output policy for every command that writes
+(``atomic.check_output``), and one-line messages where a traceback or a wrong figure came out.
+
+No test touches the real /dev/null: pipes and links are made in tmp_path, and each test checks
+with os.lstat and the target's bytes that nothing was replaced."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import elmokit
+from elmokit.atomic import atomic_path, check_output
+from elmokit.bilm import BiLM
+from elmokit.cli import main
+from elmokit.compat import AllenNLPConflictError, install_allennlp_modules, uninstall_allennlp_modules
+from elmokit.data import Vocabulary, count_tokens
+from elmokit.softmax import Softmax
+from elmokit.weights import save_softmax
+
+from .conftest import TINY
+
+SRC = Path(elmokit.__file__).resolve().parents[1]  # the package under test, for subprocesses
+TINY_MODEL = ["--model", "elmo-tiny-reference"]
+
+
+def _error_line(err: str) -> str:
+    """The one line of stderr, after checking that every line is elmokit's own (no traceback)."""
+    lines = err.strip().splitlines()
+    assert lines and all(line.startswith("elmokit: ") for line in lines), err
+    return lines[-1]
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _is_fifo(path: Path) -> bool:
+    return stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
+@pytest.fixture
+def text(tmp_path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_text("the cat sat .\nthe dog sat .\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A file that a link points to: its bytes must survive every refused write."""
+    path = tmp_path / "victim.txt"
+    path.write_text("precious\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """An exported model folder with a softmax (the tiny reference biLM, a small vocabulary)."""
+    folder = tmp_path_factory.mktemp("hostile-model")
+    bilm = BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5")
+    bilm.save(folder / "options.json", folder / "weights.hdf5")
+    vocab = Vocabulary.build(Counter("the cat sat on the mat .".split()))
+    vocab.save(folder / "vocab.txt")
+    softmax = Softmax(len(vocab), bilm.options.lstm.projection_dim)
+    save_softmax(softmax, folder / "softmax.hdf5")
+    return folder
+
+
+# -- the policy itself -------------------------------------------------------------------------
+def test_atomic_path_never_renames_over_a_pipe_or_a_link(tmp_path, victim):
+    fifo = _fifo(tmp_path / "pipe")
+    with pytest.raises(FileExistsError, match=r"pipe is a named pipe \(FIFO\), not a regular file"):
+        with atomic_path(fifo, overwrite=True) as tmp:
+            tmp.write_text("new")
+    assert _is_fifo(fifo)
+    link = tmp_path / "link"
+    with pytest.raises(FileExistsError, match="link is a symbolic link"):
+        with atomic_path(link, overwrite=True) as tmp:
+            tmp.write_text("new")
+            link.symlink_to(victim)  # appears while the file is written
+    assert link.is_symlink() and victim.read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "pipe", "victim.txt"]  # no temporary
+
+
+def test_check_output_refuses_inputs_under_any_name(tmp_path, text):
+    os.link(text, tmp_path / "hard.txt")
+    for output in (text, tmp_path / "hard.txt", tmp_path / "sub" / ".." / "in.txt"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        with pytest.raises(ValueError, match=f"is the input file {text}"):
+            check_output(output, overwrite=True, inputs=["-", tmp_path / "missing", text])
+    assert check_output(tmp_path / "new.txt", inputs=[text]) == tmp_path / "new.txt"
+
+
+# -- embed, tokens, elmo: HDF5 outputs ---------------------------------------------------------
+@pytest.mark.parametrize("command", ["embed", "tokens"])
+def test_embed_and_tokens_refuse_a_pipe_and_a_link_even_with_overwrite(
+    tmp_path, text, victim, capsys, command
+):
+    fifo = _fifo(tmp_path / "out.fifo")
+    link = tmp_path / "out.hdf5"
+    link.symlink_to(victim)
+    for output, kind in ((fifo, "a named pipe (FIFO)"), (link, "a symbolic link")):
+        assert main([command, str(text), str(output), "--overwrite", *TINY_MODEL]) == 2
+        assert f"output {output} is {kind}, not a regular file" in _error_line(capsys.readouterr().err)
+    assert _is_fifo(fifo) and link.is_symlink() and victim.read_text() == "precious\n"
+
+
+def test_elmo_keeps_allennlps_overwrite_but_never_of_its_input_a_pipe_or_a_link(
+    tmp_path, text, victim, capsys
+):
+    original = text.read_bytes()
+    os.link(text, tmp_path / "hard.txt")
+    fifo = _fifo(tmp_path / "out.fifo")
+    link = tmp_path / "link.hdf5"
+    link.symlink_to(victim)
+    model = ["--options-file", str(TINY / "options.json"), "--weight-file", str(TINY / "lm_weights.hdf5")]
+    for output, cause in (
+        (text, f"is the input file {text}"),
+        (tmp_path / "hard.txt", f"is the input file {text}"),
+        (fifo, r"is a named pipe (FIFO), not a regular file"),
+        (link, "is a symbolic link, not a regular file"),
+    ):
+        assert main(["elmo", str(text), str(output), "--all", *model]) == 2
+        assert cause in _error_line(capsys.readouterr().err)
+    assert text.read_bytes() == original and _is_fifo(fifo) and victim.read_text() == "precious\n"
+    existing = tmp_path / "old.hdf5"
+    existing.write_bytes(b"an older result")
+    assert main(["elmo", str(text), str(existing), "--top", *model]) == 0  # AllenNLP's overwrite
+    assert existing.read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"
+
+
+# -- score: a streaming output ------------------------------------------------------------------
+def test_score_writes_into_a_fifo_without_replacing_it(tmp_path, text, model_dir, capsys):
+    fifo = _fifo(tmp_path / "scores.fifo")
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text(encoding="utf-8")))
+    reader.start()
+    argv = ["score", str(text), "-o", str(fifo), "--model", str(model_dir), "--device", "cpu", "--quiet"]
+    try:
+        assert main(argv) == 0
+    finally:
+        if reader.is_alive():  # the command never opened the pipe: let the reader end
+            with open(fifo, "w"):
+                pass
+        reader.join()
+    assert _is_fifo(fifo)
+    lines = [json.loads(line) for line in received[0].splitlines()]
+    assert [line["line"] for line in lines] == [1, 2]
+
+
+def test_score_refuses_a_link_and_its_input_even_with_overwrite(tmp_path, text, victim, model_dir, capsys):
+    link = tmp_path / "scores.jsonl"
+    link.symlink_to(victim)
+    common = ["--model", str(model_dir), "--device", "cpu", "--quiet", "--overwrite"]
+    assert main(["score", str(text), "-o", str(link), *common]) == 2
+    assert f"output {link} is a symbolic link" in _error_line(capsys.readouterr().err)
+    assert main(["score", str(text), "-o", str(text), *common]) == 2
+    assert f"is the input file {text}" in _error_line(capsys.readouterr().err)
+    assert victim.read_text() == "precious\n" and text.read_text().startswith("the cat sat .")
+
+
+def test_score_to_dev_stdout_writes_standard_output(tmp_path, text, model_dir):
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    argv = [sys.executable, "-m", "elmokit.cli", "score", str(text), "-o", "/dev/stdout"]
+    argv += ["--model", str(model_dir), "--device", "cpu", "--quiet"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["line"] for line in done.stdout.splitlines()] == [1, 2]
+
+
+def test_score_of_a_blank_file_says_the_perplexity_is_undefined(tmp_path, model_dir, capsys):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n", encoding="utf-8")
+    assert main(["score", str(blank), "--model", str(model_dir), "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "perplexity is undefined" in err and "1.00" not in err
+
+
+# -- vocab, evaluate --json, export, task: outputs that were replaced silently -------------------
+def test_vocab_never_replaces_its_corpus_and_asks_before_replacing_a_file(tmp_path, text, capsys):
+    original = text.read_bytes()
+    assert main(["vocab", str(text), "-o", str(text)]) == 2
+    assert f"is the input file {text}" in _error_line(capsys.readouterr().err)
+    assert text.read_bytes() == original
+    out = tmp_path / "vocab.txt"
+    out.write_text("mine\n", encoding="utf-8")
+    assert main(["vocab", str(text), "-o", str(out)]) == 2
+    assert f"{out} exists" in _error_line(capsys.readouterr().err)
+    assert out.read_text() == "mine\n"
+    assert main(["vocab", str(text), "-o", str(out), "--overwrite"]) == 0
+    assert out.read_text(encoding="utf-8").splitlines()[:4] == ["<S>", "</S>", "<UNK>", "."]
+
+
+def test_evaluate_json_never_replaces_the_held_out_text_nor_an_existing_file(
+    tmp_path, text, model_dir, capsys
+):
+    original = text.read_bytes()
+    base = ["evaluate", str(model_dir), "--heldout", str(text), "--quiet", "--batch-size", "1"]
+    assert main([*base, "--json", str(text)]) == 2
+    assert f"is the input file {text}" in _error_line(capsys.readouterr().err)
+    assert text.read_bytes() == original
+    result = tmp_path / "result.json"
+    result.write_text("{}", encoding="utf-8")
+    assert main([*base, "--json", str(result)]) == 2
+    assert f"{result} exists" in _error_line(capsys.readouterr().err)
+    assert result.read_text() == "{}"
+    assert main([*base, "--json", str(result), "--overwrite"]) == 0
+    assert json.loads(result.read_text())["tokens"] > 0
+
+
+def test_export_never_replaces_its_input_nor_files_in_out_without_overwrite(tmp_path, model_dir, capsys):
+    vocab = (model_dir / "vocab.txt").read_bytes()
+    assert main(["export", str(model_dir), str(model_dir)]) == 2
+    assert "is the input file" in _error_line(capsys.readouterr().err)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "options.json").write_text("mine", encoding="utf-8")
+    assert main(["export", str(model_dir), str(out)]) == 2
+    assert f"{out / 'options.json'} exists" in _error_line(capsys.readouterr().err)
+    assert (out / "options.json").read_text() == "mine" and (model_dir / "vocab.txt").read_bytes() == vocab
+
+
+def _ner_file(path: Path) -> str:
+    path.write_text("EU I-ORG\nrejects O\n\nPeter I-PER\nsmiles O\n", encoding="utf-8")
+    return str(path)
+
+
+def test_task_checks_its_outputs_before_the_work(tmp_path, capsys):
+    data = {s: _ner_file(tmp_path / f"{s}.txt") for s in ("train", "dev", "test")}
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "dev.predictions.txt").symlink_to(data["train"])
+    argv = ["task", "ner", "--no-elmo", "--epochs", "1", "--hidden", "4", "--quiet", "--out", str(out)]
+    argv += [f"--{s}={path}" for s, path in data.items()]
+    assert main(argv) == 2
+    assert f"is the input file {data['train']}" in _error_line(capsys.readouterr().err)
+    assert Path(data["train"]).read_text().startswith("EU I-ORG") and not (out / "metrics.json").exists()
+    (out / "dev.predictions.txt").unlink()
+    (out / "metrics.json").write_text("{}", encoding="utf-8")
+    assert main(argv) == 2
+    assert f"{out / 'metrics.json'} exists" in _error_line(capsys.readouterr().err)
+    assert (out / "metrics.json").read_text() == "{}"
+
+
+def test_task_threads_below_zero_is_one_line(tmp_path, capsys):
+    argv = [
+        "task",
+        "ner",
+        "--train",
+        "a",
+        "--dev",
+        "b",
+        "--test",
+        "c",
+        "--out",
+        str(tmp_path),
+        "--threads",
+        "-1",
+    ]
+    assert main(argv) == 2
+    assert "threads must be at least 0" in _error_line(capsys.readouterr().err)
+
+
+# -- one-line messages ---------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["embed", "score"])
+def test_reading_a_closed_standard_input_is_one_line(tmp_path, monkeypatch, capsys, model_dir, command):
+    monkeypatch.setattr(sys, "stdin", None)  # what Python gives a process started with <&-
+    model = TINY_MODEL if command == "embed" else ["--model", str(model_dir), "--device", "cpu"]
+    out = tmp_path / "out"
+    argv = [command, "-", *(["-o"] if command == "score" else []), str(out), *model, "--quiet"]
+    assert main(argv) == 2
+    assert "standard input is closed" in _error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_a_failed_nproc_run_prints_only_elmokits_lines(tmp_path, text):
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    argv = [sys.executable, "-m", "elmokit.cli", "embed", str(text), str(tmp_path / "out.hdf5")]
+    argv += ["--nproc", "2", "--model", str(tmp_path / "missing"), "--device", "cpu"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 2
+    assert "embed process" in _error_line(done.stderr) and "was not written" in done.stderr
+    assert not (tmp_path / "out.hdf5").exists()
+
+
+def test_corpora_and_vocabularies_drop_a_byte_order_mark(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes("\ufeffthe cat\nthe\n".encode())
+    assert count_tokens([str(corpus)]) == Counter({"the": 2, "cat": 1})
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes("\ufeff<S>\n</S>\n<UNK>\nthe\n".encode())
+    assert Vocabulary.from_file(vocab).tokens[:4] == ["<S>", "</S>", "<UNK>", "the"]
+
+
+# -- install_allennlp_modules --------------------------------------------------------------------
+@pytest.fixture
+def allennlp_hook():
+    try:
+        yield
+    finally:
+        uninstall_allennlp_modules()
+        for name in [n for n in sys.modules if n == "allennlp" or n.startswith("allennlp.")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+
+
+def test_a_data_folder_named_allennlp_is_not_a_real_allennlp(tmp_path, monkeypatch, allennlp_hook):
+    (tmp_path / "allennlp").mkdir()
+    (tmp_path / "allennlp" / "data.csv").write_text("a,b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install_allennlp_modules()
+    import allennlp.modules.elmo
+
+    assert allennlp.modules.elmo.batch_to_ids is not None
+    assert importlib.util.find_spec("allennlp.data") is None
+
+
+def test_a_real_allennlp_added_later_is_refused_not_shadowed(tmp_path, monkeypatch, allennlp_hook):
+    install_allennlp_modules()
+    (tmp_path / "allennlp").mkdir()
+    (tmp_path / "allennlp" / "__init__.py").write_text("REAL = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    with pytest.raises(AllenNLPConflictError, match=r"a real allennlp is importable \(.*__init__.py\)"):
+        import allennlp  # noqa: F401
+    assert not hasattr(sys.modules.get("allennlp"), "__elmokit_compat__")

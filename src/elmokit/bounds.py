@@ -5,7 +5,8 @@ A model file is data from anywhere, so its numbers are bounded before a module i
 - the whole model (``parameter_count``, at 4 bytes a parameter) and the activations of one token
   must fit in this machine's memory (``memory_bytes``);
 - a training run's batch (``check_training_size``: ``batch_size * unroll_steps`` positions in
-  both directions) must fit too, with the weights, their gradients and the optimizer's state;
+  both directions, each with its LSTM activations and sampled-softmax logits) must fit too,
+  with the weights, their gradients and the optimizer's state;
 - JSON model files (``read_json``) are UTF-8, at most ``MAX_JSON_BYTES``, nested at most
   ``MAX_JSON_DEPTH`` deep, and hold no integer of more than ``MAX_JSON_DIGITS`` digits;
 - an HDF5 weight file holds at most ``MAX_HDF5_OBJECTS`` groups and datasets.
@@ -107,24 +108,45 @@ def parameter_count(options: BiLMOptions, word_embedding: tuple[int, int] | None
     return count + lstm.n_layers * per_layer
 
 
-def activation_floats(options: BiLMOptions, n_negative_samples: int = 0) -> int:
-    """The activations one position of one direction keeps for the backward pass (a lower
-    bound): embedded characters and convolution outputs, highway layers, the projection, each
-    LSTM layer's gates, cell and outputs, and the sampled softmax's logits."""
-    cnn, lstm = options.char_cnn, options.lstm
+def token_floats(options: BiLMOptions) -> int:
+    """The activations of encoding one distinct token: embedded characters, convolution
+    outputs and highway layers (the char CNN runs once per distinct token of a batch)."""
+    cnn = options.char_cnn
     chars = cnn.max_characters_per_token
     floats = chars * cnn.embedding_dim
     floats += sum(n * max(chars - width + 1, 1) for width, n in cnn.filters)
-    floats += cnn.n_highway * 4 * cnn.n_filters + lstm.projection_dim
-    floats += lstm.n_layers * (7 * lstm.dim + lstm.projection_dim)
+    return floats + cnn.n_highway * 4 * cnn.n_filters
+
+
+def position_floats(options: BiLMOptions, n_negative_samples: int = 0) -> int:
+    """The activations one position of one direction keeps for the backward pass (a lower
+    bound): its token vector, each LSTM layer's gates, cell and outputs, and the sampled
+    softmax's logits (``n_negative_samples`` + 1; none for embedding)."""
+    lstm = options.lstm
+    floats = lstm.projection_dim + lstm.n_layers * (7 * lstm.dim + lstm.projection_dim)
     return floats + (n_negative_samples + 1 if n_negative_samples else 0)
 
 
 def check_model_size(options: BiLMOptions, source: str, word_embedding: tuple[int, int] | None = None) -> int:
-    """Refuse a model whose parameters and the activations of one token would not fit in this
-    machine's memory, before anything is built; returns the parameter count."""
+    """Refuse a model with a size above its ceiling (a backstop: options files are checked
+    field by field as they are read), or whose parameters and the activations of one token
+    would not fit in this machine's memory, before anything is built; returns the parameter
+    count."""
+    cnn, lstm = options.char_cnn, options.lstm
+    for name, value, high in (
+        ("n_characters", cnn.n_characters, MAX_CHARACTERS),
+        ("max_characters_per_token", cnn.max_characters_per_token, MAX_CHARACTERS_PER_TOKEN),
+        ("the character embedding's dim", cnn.embedding_dim, MAX_DIM),
+        ("the number of filter widths", len(cnn.filters), MAX_FILTER_WIDTHS),
+        ("the number of filters", cnn.n_filters, MAX_DIM),
+        ("n_highway", cnn.n_highway, MAX_HIGHWAY),
+        ("the LSTM's dim", lstm.dim, MAX_DIM),
+        ("projection_dim", lstm.projection_dim, MAX_DIM),
+        ("n_layers", lstm.n_layers, MAX_LAYERS),
+    ):
+        ceiling(value, high, source, name)
     count = parameter_count(options, word_embedding)
-    needed = FLOAT_BYTES * (count + 2 * activation_floats(options))
+    needed = FLOAT_BYTES * (count + token_floats(options) + 2 * position_floats(options))
     memory = memory_bytes()
     if needed > memory:
         raise SizeError(
@@ -135,22 +157,24 @@ def check_model_size(options: BiLMOptions, source: str, word_embedding: tuple[in
 
 
 def check_training_size(
-    options: BiLMOptions, batch_size: int, unroll_steps: int, n_negative_samples: int, source: str
+    options: BiLMOptions, batch_size: int, unroll_steps: int, n_negative_samples: int
 ) -> None:
     """Refuse a training batch that cannot fit: ``unroll_steps`` above its ceiling, or the
     weights (with their gradients and the optimizer's state) and the activations of
     ``batch_size * unroll_steps`` positions in both directions beyond this machine's memory."""
-    ceiling(unroll_steps, MAX_UNROLL_STEPS, source, "--unroll-steps")
+    if unroll_steps > MAX_UNROLL_STEPS:
+        raise SizeError(f"--unroll-steps must be at most {MAX_UNROLL_STEPS:,}, got {unroll_steps:,}")
     weights = 3 * FLOAT_BYTES * parameter_count(options)
     positions = 2 * batch_size * unroll_steps
-    activations = FLOAT_BYTES * positions * activation_floats(options, n_negative_samples)
+    activations = FLOAT_BYTES * positions * position_floats(options, n_negative_samples)
     memory = memory_bytes()
     if weights + activations > memory:
         raise SizeError(
-            f"{source}: --batch-size {batch_size:,} with --unroll-steps {unroll_steps:,} needs at least "
-            f"{shown_bytes(weights + activations)} ({shown_bytes(activations)} of activations for "
-            f"{positions:,} positions), more than this machine's memory ({shown_bytes(memory)}); "
-            "lower --batch-size or --unroll-steps"
+            f"--batch-size {batch_size:,} with --unroll-steps {unroll_steps:,} and --n-negative-samples "
+            f"{n_negative_samples:,} needs at least {shown_bytes(weights + activations)} "
+            f"({shown_bytes(activations)} of activations for {positions:,} positions), more than this "
+            f"machine's memory ({shown_bytes(memory)}); lower --batch-size, --unroll-steps or "
+            "--n-negative-samples"
         )
 
 
@@ -184,27 +208,27 @@ def read_json(path: str | Path, error: type[ValueError] = ValueError, what: str 
     """A small JSON model file (options.json, an ELMoForManyLangs config), checked before it is
     parsed: at most ``MAX_JSON_BYTES``, UTF-8 (a UTF-8 byte-order mark is allowed), nested at
     most ``MAX_JSON_DEPTH`` deep, no integer longer than ``MAX_JSON_DIGITS`` digits. Every
-    problem is one ``error`` naming the file and the cause."""
+    problem is one ``error`` naming the file and the cause (``what`` names a missing file)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     with open(path, "rb") as f:
         data = f.read(MAX_JSON_BYTES + 1)
     if len(data) > MAX_JSON_BYTES:
-        raise error(f"{path}: larger than {MAX_JSON_BYTES:,} bytes, not a {what}")
+        raise error(f"{path}: larger than {MAX_JSON_BYTES:,} bytes; model settings in JSON are far smaller")
     if data.startswith(_HDF5_SIGNATURE):
-        raise error(f"{path}: an HDF5 file (a weight file?), not a {what}")
+        raise error(f"{path}: an HDF5 file (a weight file?), not JSON")
     if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
-        raise error(f"{path}: UTF-16 or binary, not UTF-8 text; a {what} must be UTF-8 JSON")
+        raise error(f"{path}: UTF-16 or binary, not JSON in UTF-8")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise error(
-            f"{path}: not UTF-8 text (byte {err.start} is {data[err.start]:#04x}; Latin-1 or another "
-            f"encoding?); a {what} must be UTF-8 JSON"
+            f"{path}: not UTF-8 (byte {err.start} is {data[err.start]:#04x}: Latin-1 or another "
+            "encoding?); JSON files must be UTF-8"
         ) from None
     if _depth(text) > MAX_JSON_DEPTH:
-        raise error(f"{path}: nested more than {MAX_JSON_DEPTH} deep, not a {what}")
+        raise error(f"{path}: JSON nested more than {MAX_JSON_DEPTH} deep; model settings nest a few levels")
     try:
         return json.loads(text, parse_int=_parse_int)
     except _TooLong as err:

@@ -292,7 +292,7 @@ def _filters(value: Any, source: str, name: str) -> tuple[tuple[int, int], ...]:
         _integer(width, source, f"a width in {name}", high=bounds.MAX_CHARACTERS_PER_TOKEN)
         _integer(count, source, f"a filter count in {name}", high=bounds.MAX_DIM)
         filters.append((width, count))
-    _integer(sum(n for _, n in filters), source, f"the filters of {name} in all", high=bounds.MAX_DIM)
+    _integer(sum(n for _, n in filters), source, f"the filter counts of {name} together", high=bounds.MAX_DIM)
     return tuple(filters)
 
 

@@ -74,11 +74,14 @@ def shown_bytes(n: int) -> str:
 
 
 def shown_number(value: int) -> str:
-    """An integer for a message: 1,000,000 or, past 20 digits, "an integer of about 400 digits"
+    """An integer for a message: 1,000,000 or, past 20 digits, "an integer of 401 digits"
     (Python refuses to print integers of more than 4300 digits)."""
     if abs(value) < 10**20:
         return f"{value:,}"
-    return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        return f"an integer of {len(str(abs(value))):,} digits"
+    except ValueError:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
 
 
 def ceiling(value: int, high: int, source: str, name: str) -> None:

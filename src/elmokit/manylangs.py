@@ -6,7 +6,8 @@ and ``encoder.pkl``: torch state dicts, read with ``torch.load(weights_only=True
 model file can hold tensors but never run code. The published models' ``config_path`` is
 ``../configs/<name>.json`` (or a path on the authors' machine), a config that ships inside
 ELMoForManyLangs' package: elmokit ships copies (``manylangs_configs/``) and looks where its
-``Embedder`` looks: the path from the model folder, the file name in the folder, the copies.
+``Embedder`` looks: the path from the model folder, the file name in the folder, the copies
+(for a model in elmokit's cache, a downloaded or unpacked archive, the path only inside it).
 
 What differs from bilm-tf, and where it goes in elmokit's model (``ManyLangsBiLM``):
 - characters are code points numbered by ``char.dic``, not UTF-8 bytes; a token longer than
@@ -582,7 +583,7 @@ def _dictionary(path: Path, specials: tuple[str, ...], high: int) -> dict[str, i
     if largest >= high:
         token = next(token for token, i in entries.items() if i == largest)
         raise ManyLangsError(
-            f"{path}: {token!r} has the id {bounds.shown_number(largest)}; ids must be below {high:,}"
+            f"{path}: the id of {token!r} ({bounds.shown_number(largest)}) is not below {high:,}"
         )
     return entries
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .bounds import check_model_size
 from .char_cnn import TokenEncoder
 from .characters import BOS_TOKEN, EOS_TOKEN, lengths_from_ids, pad_batch, tokens_to_ids
 from .lstm import BiLstm, LstmState, Packing, needs_autograd
@@ -73,6 +74,7 @@ class BiLM(nn.Module):
         super().__init__()
         if not isinstance(options, BiLMOptions):
             options = BiLMOptions.from_dict(options)
+        check_model_size(options, "options")  # nothing is allocated for a model that cannot fit
         self.options = options
         self.token_encoder = self._make_token_encoder(options)
         self.lstm = BiLstm(options.lstm.projection_dim, options.lstm)

@@ -163,14 +163,14 @@ def _ranged(kind: Callable[[str], Any], name: str | None = None, low: float | No
 
 
 def _read_config(value: str) -> dict:
-    from .options import PRESETS, preset
+    from .options import PRESETS, preset, read_json
 
     if value in PRESETS:
         return preset(value)
     path = Path(value)
     if not path.is_file():
         raise FileNotFoundError(f"--config {value!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json(path)
 
 
 def vocab(args: argparse.Namespace) -> int:

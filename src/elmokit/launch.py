@@ -142,13 +142,23 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
-        """Raise ValueError naming the first option outside its range, an unknown precision or
-        a device this machine does not have (``devices.resolve_device``)."""
+        """Raise ValueError naming the first option outside its range, a batch that cannot fit
+        in this machine's memory (``bounds.check_training_size``), an unknown precision or a
+        device this machine does not have (``devices.resolve_device``)."""
         for name, allowed in RANGES.items():
             value = getattr(self, name, None)
             problem = None if value is None else allowed.problem(value)
             if problem:
                 raise ValueError(f"{option_name(name)} {problem}")
+        from .bounds import check_training_size
+
+        if self.options:  # empty until --init-from's model is read
+            check_training_size(
+                BiLMOptions.from_dict(self.options, source="--config"),
+                self.batch_size,
+                self.unroll_steps,
+                self.n_negative_samples,
+            )
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         resolve_device(self.device)

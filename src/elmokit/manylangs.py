@@ -6,7 +6,8 @@ and ``encoder.pkl``: torch state dicts, read with ``torch.load(weights_only=True
 model file can hold tensors but never run code. The published models' ``config_path`` is
 ``../configs/<name>.json`` (or a path on the authors' machine), a config that ships inside
 ELMoForManyLangs' package: elmokit ships copies (``manylangs_configs/``) and looks where its
-``Embedder`` looks: the path from the model folder, the file name in the folder, the copies.
+``Embedder`` looks: the path from the model folder, the file name in the folder, the copies
+(for a model in elmokit's cache, a downloaded or unpacked archive, the path only inside it).
 
 What differs from bilm-tf, and where it goes in elmokit's model (``ManyLangsBiLM``):
 - characters are code points numbered by ``char.dic``, not UTF-8 bytes; a token longer than
@@ -37,8 +38,6 @@ What differs from bilm-tf, and where it goes in elmokit's model (``ManyLangsBiLM
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,11 +46,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import bounds
 from .bilm import BiLM, StatefulBiLM
 from .char_cnn import TokenEncoder
 from .characters import check_token_lists
 from .lstm import FORGET_BIAS
-from .options import BiLMOptions, CharCNNOptions, LstmOptions, OptionsError, _integer, _shown
+from .options import (
+    BiLMOptions,
+    CharCNNOptions,
+    LstmOptions,
+    OptionsError,
+    _clip,
+    _filters,
+    _integer,
+    _shown,
+)
 from .tensorfiles import TensorFileError, load_tensors
 
 __all__ = [
@@ -91,21 +100,55 @@ def is_manylangs_folder(path: Path) -> bool:
 def model_config_file(folder: Path) -> Path:
     """The model config that ``config.json``'s ``config_path`` names, where ELMoForManyLangs'
     Embedder finds it: relative to the folder (or absolute), its file name in the folder, or its
-    file name among the configs of ELMoForManyLangs' package (copied into elmokit)."""
+    file name among the configs of ELMoForManyLangs' package (copied into elmokit).
+
+    A user's own folder keeps that lookup, so its ``config_path`` may name any file. A model in
+    elmokit's cache (a downloaded or unpacked archive) is data from anywhere: there the path is
+    followed only while it stays inside the unpacked archive (``_archive_root``)."""
     path = folder / "config.json"
-    settings = _read_json(path)
+    settings = _read_json(path, "ELMoForManyLangs config.json")
     config_path = settings.get("config_path") if isinstance(settings, dict) else None
     if not isinstance(config_path, str) or not config_path:
         raise ManyLangsError(f'{path}: expected a JSON object with a "config_path" string')
     name = config_path.replace("\\", "/").rsplit("/", 1)[-1]
-    for candidate in (folder / config_path, folder / name, CONFIGS_DIR / name):
+    root = _archive_root(folder)
+    candidates = [folder / config_path, folder / name, CONFIGS_DIR / name]
+    if root is not None and not _inside(folder / config_path, root):
+        candidates.pop(0)
+    for candidate in candidates:
         if name and candidate.is_file():
             return candidate
     shipped = ", ".join(sorted(p.name for p in CONFIGS_DIR.glob("*.json")))
+    outside = "" if len(candidates) == 3 else f" (elmokit reads no file outside the archive {root})"
     raise FileNotFoundError(
-        f"{path}: its model config {config_path!r} is neither at that path from {folder}, nor in "
-        f"the folder, nor one of ELMoForManyLangs' configs ({shipped})"
+        f"{path}: its model config {config_path!r} is neither at that path from {folder}{outside}, "
+        f"nor in the folder, nor one of ELMoForManyLangs' configs ({shipped})"
     )
+
+
+def _archive_root(folder: Path) -> Path | None:
+    """For a folder in elmokit's cache, the unpacked archive it belongs to (the nearest folder
+    named ``unpacked``, where ``elmokit.sources`` unpacks archives; else the folder itself);
+    None for a folder outside the cache (a user's own)."""
+    from .download import cache_dir
+
+    cache, here = cache_dir().resolve(), folder.resolve()
+    if not here.is_relative_to(cache):
+        return None
+    for parent in (here, *here.parents):
+        if parent == cache:
+            break
+        if parent.name == "unpacked":
+            return parent
+    return here
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path``, its links followed, is inside ``root``."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a link loop
+        return False
 
 
 @dataclass(frozen=True)
@@ -121,7 +164,7 @@ class ManyLangsConfig:
 def read_model_config(path: Path) -> ManyLangsConfig:
     """Check and read a model config (``encoder`` "elmo", ``token_embedder`` "cnn"); errors
     name the field and the value found."""
-    config = _read_json(path)
+    config = _read_json(path, "ELMoForManyLangs model config")
     source = str(path)
     if not isinstance(config, dict):
         raise OptionsError(f"{source}: expected a JSON object")
@@ -134,29 +177,21 @@ def read_model_config(path: Path) -> ManyLangsConfig:
                 f"published models), got {_shown(name)}"
             )
 
-    def integer(section: dict[str, Any], where: str, field: str, low: int = 1, why: str = "") -> int:
+    def integer(
+        section: dict[str, Any], where: str, field: str, high: int, low: int = 1, why: str = ""
+    ) -> int:
         if field not in section:
             raise OptionsError(f"{source}: missing required field '{where}.{field}'")
-        return _integer(section[field], source, f"{where}.{field}", low=low, why=why)
+        return _integer(section[field], source, f"{where}.{field}", low=low, high=high, why=why)
 
     char_dim = integer(
-        embedder, "token_embedder", "char_dim", why=" (a model without characters is not supported)"
+        embedder,
+        "token_embedder",
+        "char_dim",
+        bounds.MAX_DIM,
+        why=" (a model without characters is not supported)",
     )
-    filters = embedder.get("filters")
-    problem = (
-        f"{source}: token_embedder.filters must be a non-empty list of [width, n_filters] pairs of "
-        f"positive integers, got {_shown(filters)}"
-    )
-    if not isinstance(filters, list) or not filters:
-        raise OptionsError(problem)
-    pairs = []
-    for pair in filters:
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise OptionsError(problem)
-        try:
-            pairs.append((_integer(pair[0], source, "width"), _integer(pair[1], source, "n_filters")))
-        except OptionsError:
-            raise OptionsError(problem) from None
+    pairs = _filters(embedder.get("filters"), source, "token_embedder.filters")
     activation = embedder.get("activation")
     if activation not in ("relu", "tanh"):
         raise OptionsError(
@@ -166,6 +201,7 @@ def read_model_config(path: Path) -> ManyLangsConfig:
         embedder,
         "token_embedder",
         "max_characters_per_token",
+        bounds.MAX_CHARACTERS_PER_TOKEN,
         low=MIN_CHARACTERS_PER_TOKEN,
         why=" (<bos> and its word markers)",
     )
@@ -177,21 +213,21 @@ def read_model_config(path: Path) -> ManyLangsConfig:
     char_cnn = CharCNNOptions(
         embedding_dim=char_dim,
         filters=tuple(pairs),
-        n_highway=integer(embedder, "token_embedder", "n_highway", low=0),
+        n_highway=integer(embedder, "token_embedder", "n_highway", bounds.MAX_HIGHWAY, low=0),
         activation=activation,
         n_characters=1,  # the char dictionary's size + 1, set when it is read
         max_characters_per_token=max_chars,
     )
     lstm = LstmOptions(
-        dim=integer(encoder, "encoder", "dim"),
-        projection_dim=integer(encoder, "encoder", "projection_dim"),
-        n_layers=integer(encoder, "encoder", "n_layers"),
-        cell_clip=_clip(encoder.get("cell_clip"), source, "encoder.cell_clip"),
-        proj_clip=_clip(encoder.get("proj_clip"), source, "encoder.proj_clip"),
+        dim=integer(encoder, "encoder", "dim", bounds.MAX_DIM),
+        projection_dim=integer(encoder, "encoder", "projection_dim", bounds.MAX_DIM),
+        n_layers=integer(encoder, "encoder", "n_layers", bounds.MAX_LAYERS),
+        cell_clip=_no_clip_or(encoder.get("cell_clip"), source, "encoder.cell_clip"),
+        proj_clip=_no_clip_or(encoder.get("proj_clip"), source, "encoder.proj_clip"),
         use_skip_connections=True,
         always_project=True,
     )
-    word_dim = integer(embedder, "token_embedder", "word_dim", low=0)
+    word_dim = integer(embedder, "token_embedder", "word_dim", bounds.MAX_DIM, low=0)
     return ManyLangsConfig(BiLMOptions(lstm=lstm, char_cnn=char_cnn), word_dim, path)
 
 
@@ -299,7 +335,7 @@ def load_manylangs(folder: Path, stateful: bool = False) -> BiLM:
     if missing:
         raise FileNotFoundError(f"ELMoForManyLangs model folder {folder} has no {', '.join(missing)}")
     config = read_model_config(model_config_file(folder))
-    chars = _dictionary(folder / "char.dic", CHAR_SPECIALS)
+    chars = _dictionary(folder / "char.dic", CHAR_SPECIALS, bounds.MAX_CHARACTERS)
     words = None
     if config.word_dim > 0:
         if not (folder / "word.dic").is_file():
@@ -307,9 +343,11 @@ def load_manylangs(folder: Path, stateful: bool = False) -> BiLM:
                 f"ELMoForManyLangs model folder {folder} has no word.dic (its config {config.source.name} "
                 f"has word_dim {config.word_dim})"
             )
-        words = _dictionary(folder / "word.dic", WORD_SPECIALS)
+        words = _dictionary(folder / "word.dic", WORD_SPECIALS, bounds.MAX_WORDS)
     cnn = replace(config.options.char_cnn, n_characters=_rows(chars) + 1)
     options = replace(config.options, char_cnn=cnn)
+    word_embedding = None if words is None else (_rows(words) + 1, config.word_dim)
+    bounds.check_model_size(options, str(config.source), word_embedding)
     token_embedder = _state_dict(folder / "token_embedder.pkl", _token_embedder_shapes(config))
     encoder = _state_dict(folder / "encoder.pkl", _encoder_shapes(config))
     _check_rows(folder / "char.dic", chars, token_embedder["char_emb_layer.embedding.weight"], "char")
@@ -514,11 +552,9 @@ class ManyLangsEmbedder:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ManyLangsError(f"{path}: not valid JSON ({err})") from None
+def _read_json(path: Path, what: str) -> Any:
+    """A config, read with the guards of ``bounds.read_json``."""
+    return bounds.read_json(path, ManyLangsError, what)
 
 
 def _section(config: dict[str, Any], name: str, source: str) -> dict[str, Any]:
@@ -527,18 +563,15 @@ def _section(config: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     return config[name]
 
 
-def _clip(value: Any, source: str, name: str) -> float | None:
+def _no_clip_or(value: Any, source: str, name: str) -> float | None:
     """A clip as ELMoForManyLangs reads it: absent, null, false or 0 = no clipping."""
     if value is None or value is False or value == 0:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise OptionsError(
-            f"{source}: {name} must be a positive number (or 0 for no clipping), got {_shown(value)}"
-        )
-    return float(value)
+    return _clip(value, source, name, none="0")
 
 
-def _dictionary(path: Path, specials: tuple[str, ...]) -> dict[str, int]:
+def _dictionary(path: Path, specials: tuple[str, ...], high: int) -> dict[str, int]:
+    """A dictionary with its special entries, every id from 0 to below ``high``."""
     entries = read_dictionary(path)
     absent = [token for token in specials if token not in entries]
     if absent:
@@ -546,6 +579,12 @@ def _dictionary(path: Path, specials: tuple[str, ...]) -> dict[str, int]:
     negative = next((token for token, i in entries.items() if i < 0), None)
     if negative is not None:
         raise ManyLangsError(f"{path}: {negative!r} has a negative id ({entries[negative]})")
+    largest = max(entries.values())
+    if largest >= high:
+        token = next(token for token, i in entries.items() if i == largest)
+        raise ManyLangsError(
+            f"{path}: the id of {token!r} ({bounds.shown_number(largest)}) is not below {high:,}"
+        )
     return entries
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import bounds
 from .characters import MAX_CHARACTERS_PER_TOKEN
 
 
@@ -71,13 +72,15 @@ class BiLMOptions:
     @classmethod
     def from_dict(cls, options: dict[str, Any], source: str = "options") -> BiLMOptions:
         """Check and read an options dict as bilm-tf writes it: every field's type and range is
-        checked, and an error names the field and the value found."""
+        checked (sizes against ``elmokit.bounds``' ceilings), and an error names the field and
+        the value found; then the whole model must fit in this machine's memory
+        (``bounds.check_model_size``), all before anything is built."""
         if not isinstance(options, dict):
             raise OptionsError(f"{source}: expected a JSON object, got {type(options).__name__}")
         lstm = _section(options, "lstm", source)
         cnn = _section(options, "char_cnn", source)
         embedding = _section(cnn, "embedding", f"{source}: char_cnn")
-        filters = _filters(_field(cnn, "filters", source, "char_cnn"), source)
+        filters = _filters(_field(cnn, "filters", source, "char_cnn"), source, "char_cnn.filters")
         activation = cnn.get("activation", "relu")
         if activation not in ("relu", "tanh"):
             raise OptionsError(
@@ -85,11 +88,18 @@ class BiLMOptions:
             )
         char_cnn = CharCNNOptions(
             embedding_dim=_integer(
-                _field(embedding, "dim", source, "char_cnn.embedding"), source, "char_cnn.embedding.dim"
+                _field(embedding, "dim", source, "char_cnn.embedding"),
+                source,
+                "char_cnn.embedding.dim",
+                high=bounds.MAX_DIM,
             ),
             filters=filters,
             n_highway=_integer(
-                _field(cnn, "n_highway", source, "char_cnn"), source, "char_cnn.n_highway", low=0
+                _field(cnn, "n_highway", source, "char_cnn"),
+                source,
+                "char_cnn.n_highway",
+                low=0,
+                high=bounds.MAX_HIGHWAY,
             ),
             activation=activation,
             n_characters=_integer(
@@ -97,6 +107,7 @@ class BiLMOptions:
                 source,
                 "char_cnn.n_characters",
                 low=262,
+                high=bounds.MAX_CHARACTERS,
                 why=" (character ids go up to 261 at prediction, after the padding id 0)",
             ),
             max_characters_per_token=_integer(
@@ -104,6 +115,7 @@ class BiLMOptions:
                 source,
                 "char_cnn.max_characters_per_token",
                 low=3,
+                high=bounds.MAX_CHARACTERS_PER_TOKEN,
                 why=" (begin and end of word and at least one byte)",
             ),
         )
@@ -118,11 +130,16 @@ class BiLMOptions:
                 f"{source}: lstm.use_skip_connections must be true or false, got {_shown(skip)}"
             )
         lstm_options = LstmOptions(
-            dim=_integer(_field(lstm, "dim", source, "lstm"), source, "lstm.dim"),
+            dim=_integer(_field(lstm, "dim", source, "lstm"), source, "lstm.dim", high=bounds.MAX_DIM),
             projection_dim=_integer(
-                _field(lstm, "projection_dim", source, "lstm"), source, "lstm.projection_dim"
+                _field(lstm, "projection_dim", source, "lstm"),
+                source,
+                "lstm.projection_dim",
+                high=bounds.MAX_DIM,
             ),
-            n_layers=_integer(_field(lstm, "n_layers", source, "lstm"), source, "lstm.n_layers"),
+            n_layers=_integer(
+                _field(lstm, "n_layers", source, "lstm"), source, "lstm.n_layers", high=bounds.MAX_LAYERS
+            ),
             cell_clip=_clip(lstm.get("cell_clip"), source, "lstm.cell_clip"),
             proj_clip=_clip(lstm.get("proj_clip"), source, "lstm.proj_clip"),
             use_skip_connections=skip,
@@ -137,19 +154,15 @@ class BiLMOptions:
                 f"{source}: the char CNN has {char_cnn.n_filters} filters, fewer than "
                 f"lstm.projection_dim ({lstm_options.projection_dim})"
             )
-        return cls(lstm=lstm_options, char_cnn=char_cnn)
+        result = cls(lstm=lstm_options, char_cnn=char_cnn)
+        bounds.check_model_size(result, source)
+        return result
 
     @classmethod
     def from_file(cls, path: str | Path) -> BiLMOptions:
-        """Read options.json."""
+        """Read options.json (``read_json``: UTF-8, small, plainly nested)."""
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"options file not found: {path}")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise OptionsError(f"{path}: not valid JSON ({err})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json(path), source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The options.json content, in the original's field names."""
@@ -183,6 +196,11 @@ class BiLMOptions:
         write_json(path, self.to_dict())
 
 
+def read_json(path: str | Path, what: str = "options file") -> Any:
+    """A JSON options file read with ``bounds.read_json``'s guards; problems are OptionsError."""
+    return bounds.read_json(path, OptionsError, what)
+
+
 def _section(options: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     if name not in options:
         raise OptionsError(f"{source}: missing required field {name!r}")
@@ -198,11 +216,16 @@ def _field(section: dict[str, Any], name: str, source: str, where: str) -> Any:
 
 
 def _shown(value: Any) -> str:
-    """A value as options.json spells it (null, true, "text", 1.5)."""
+    """A value as options.json spells it (null, true, "text", 1.5); a long integer by its size."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return bounds.shown_number(value)
     try:
         return json.dumps(value)
     except (TypeError, ValueError):
-        return repr(value)
+        try:
+            return repr(value)
+        except ValueError:  # an integer too long for Python to print, inside a list
+            return f"a {type(value).__name__} holding a very long integer"
 
 
 def _prediction_characters(value: Any) -> Any:
@@ -213,30 +236,47 @@ def _prediction_characters(value: Any) -> Any:
     return 262 if value == 261 and not isinstance(value, bool) else value
 
 
-def _integer(value: Any, source: str, name: str, low: int = 1, why: str = "") -> int:
-    """An integer field of at least ``low`` (an integral float such as 16.0 is accepted)."""
+def _integer(value: Any, source: str, name: str, low: int = 1, high: int | None = None, why: str = "") -> int:
+    """An integer field of at least ``low`` and at most ``high`` (a ceiling of
+    ``elmokit.bounds``), an integral float such as 16.0 accepted."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise OptionsError(f"{source}: {name} must be an integer of at least {low}{why}, got {_shown(value)}")
+    if high is not None and value > high:
+        raise OptionsError(f"{source}: {name} must be at most {high:,}, got {_shown(value)}")
     return value
 
 
-def _clip(value: Any, source: str, name: str) -> float | None:
-    """A clip: absent or null (no clipping), or a positive finite number."""
+def _clip(value: Any, source: str, name: str, none: str = "absent") -> float | None:
+    """A clip: absent or null (no clipping), or a positive finite number (an integer too large
+    for a float is refused too). ``none`` says how the file asks for no clipping."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    number = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+    if not 0 < number < math.inf:
         raise OptionsError(
-            f"{source}: {name} must be a positive number (or absent for no clipping), got {_shown(value)}"
+            f"{source}: {name} must be a positive number (or {none} for no clipping), got {_shown(value)}"
         )
-    return float(value)
+    return number
 
 
-def _filters(value: Any, source: str) -> tuple[tuple[int, int], ...]:
-    """char_cnn.filters: a non-empty list of [width, n_filters] pairs of positive integers."""
+def _filters(value: Any, source: str, name: str) -> tuple[tuple[int, int], ...]:
+    """The filters field ``name`` (bilm-tf's char_cnn.filters, ELMoForManyLangs'
+    token_embedder.filters): a non-empty list of [width, n_filters] pairs of positive integers,
+    within the ceilings of ``elmokit.bounds`` (each count, and all of them together)."""
+    if isinstance(value, list) and len(value) > bounds.MAX_FILTER_WIDTHS:
+        raise OptionsError(
+            f"{source}: {name} must have at most {bounds.MAX_FILTER_WIDTHS} [width, n_filters] pairs, "
+            f"got {len(value):,}"
+        )
     problem = (
-        f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] pairs of "
+        f"{source}: {name} must be a non-empty list of [width, n_filters] pairs of "
         f"positive integers, got {_shown(value)}"
     )
     if not isinstance(value, list) or not value:
@@ -246,9 +286,13 @@ def _filters(value: Any, source: str) -> tuple[tuple[int, int], ...]:
         if not isinstance(pair, list) or len(pair) != 2:
             raise OptionsError(problem)
         try:
-            filters.append(tuple(_integer(v, source, "char_cnn.filters") for v in pair))
+            width, count = (_integer(v, source, name) for v in pair)
         except OptionsError:
             raise OptionsError(problem) from None
+        _integer(width, source, f"a width in {name}", high=bounds.MAX_CHARACTERS_PER_TOKEN)
+        _integer(count, source, f"a filter count in {name}", high=bounds.MAX_DIM)
+        filters.append((width, count))
+    _integer(sum(n for _, n in filters), source, f"the filter counts of {name} together", high=bounds.MAX_DIM)
     return tuple(filters)
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .atomic import atomic_path, write_json
+from .bounds import MAX_HDF5_OBJECTS
 from .lstm import LstmState
 from .options import BiLMOptions
 
@@ -141,8 +142,10 @@ def open_hdf5(path: str | Path, what: str = "weight file") -> h5py.File:
     A weight file is data from anywhere, so it must not make its reader open other files: an
     external link, a dataset with external storage (raw data in other files) or a virtual
     dataset (a view of other files' datasets) raises ``UnsafeHDF5Error`` naming it, before any
-    data is read; so does a soft link (bilm-tf and elmokit write none). A file that is not HDF5
-    or is damaged raises ``WeightFileError`` naming the file."""
+    data is read; so does a soft link (bilm-tf and elmokit write none). A file of more than
+    ``bounds.MAX_HDF5_OBJECTS`` groups and datasets is refused before they are all visited (the
+    largest model within the ceilings has under 2,000). A file that is not HDF5 or is damaged
+    raises ``WeightFileError`` naming the file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
@@ -152,46 +155,62 @@ def open_hdf5(path: str | Path, what: str = "weight file") -> h5py.File:
         raise WeightFileError(f"{path}: not a readable HDF5 file ({err})") from None
     try:
         with _damage_reported(path):
-            _refuse_other_files(handle, path, set())
+            _refuse_other_files(handle, path)
     except BaseException:
         handle.close()
         raise
     return handle
 
 
-def _refuse_other_files(group: h5py.Group, path: Path, seen: set) -> None:
-    """Check every link and dataset under ``group`` (each group once; hard links may loop)."""
-    for name in group:
-        where = f"{group.name.rstrip('/')}/{name}"
-        link = group.get(name, getlink=True)
-        if isinstance(link, h5py.ExternalLink):
-            raise UnsafeHDF5Error(
-                f"{path}: {where!r} is an external link to {link.filename}:{link.path}; elmokit "
-                "does not read other files through a weight file"
+def _refuse_other_files(root: h5py.Group, path: Path) -> None:
+    """Check every link and dataset under ``root`` (each group once: hard links may loop), at
+    most ``MAX_HDF5_OBJECTS`` of them (a group's size is read before its links are)."""
+    seen, pending, visited = {root.id}, [root], 0
+    while pending:
+        group = pending.pop()
+        visited += len(group)
+        if visited > MAX_HDF5_OBJECTS:
+            raise WeightFileError(
+                f"{path}: holds more than {MAX_HDF5_OBJECTS:,} groups and datasets; a weight file "
+                "holds one dataset per weight (under 2,000 for the largest model elmokit builds)"
             )
-        if isinstance(link, h5py.SoftLink):
+        for name in group:
+            item = _checked_item(group, name, path)
+            if isinstance(item, h5py.Group) and item.id not in seen:
+                seen.add(item.id)
+                pending.append(item)
+
+
+def _checked_item(group: h5py.Group, name: str, path: Path) -> h5py.Group | h5py.Dataset:
+    """The object ``name`` of ``group``, refused if it is or makes its reader open another file."""
+    where = f"{group.name.rstrip('/')}/{name}"
+    link = group.get(name, getlink=True)
+    if isinstance(link, h5py.ExternalLink):
+        raise UnsafeHDF5Error(
+            f"{path}: {where!r} is an external link to {link.filename}:{link.path}; elmokit "
+            "does not read other files through a weight file"
+        )
+    if isinstance(link, h5py.SoftLink):
+        raise UnsafeHDF5Error(
+            f"{path}: {where!r} is a soft link to {link.path}; elmokit reads only objects "
+            "stored under their own names"
+        )
+    if not isinstance(link, h5py.HardLink):
+        raise UnsafeHDF5Error(f"{path}: {where!r} is a link of a kind elmokit does not follow")
+    item = group[name]
+    if isinstance(item, h5py.Dataset):
+        if item.is_virtual:
             raise UnsafeHDF5Error(
-                f"{path}: {where!r} is a soft link to {link.path}; elmokit reads only objects "
-                "stored under their own names"
+                f"{path}: dataset {where!r} is a virtual dataset (its data lives in other "
+                "files); elmokit does not read it"
             )
-        if not isinstance(link, h5py.HardLink):
-            raise UnsafeHDF5Error(f"{path}: {where!r} is a link of a kind elmokit does not follow")
-        item = group[name]
-        if isinstance(item, h5py.Dataset):
-            if item.is_virtual:
-                raise UnsafeHDF5Error(
-                    f"{path}: dataset {where!r} is a virtual dataset (its data lives in other "
-                    "files); elmokit does not read it"
-                )
-            if item.external:
-                files = ", ".join(sorted({str(f) for f, _, _ in item.external}))
-                raise UnsafeHDF5Error(
-                    f"{path}: dataset {where!r} keeps its data in other files ({files}); elmokit "
-                    "does not read external storage"
-                )
-        elif isinstance(item, h5py.Group) and item.id not in seen:
-            seen.add(item.id)
-            _refuse_other_files(item, path, seen)
+        if item.external:
+            files = ", ".join(sorted({str(f) for f, _, _ in item.external}))
+            raise UnsafeHDF5Error(
+                f"{path}: dataset {where!r} keeps its data in other files ({files}); elmokit "
+                "does not read external storage"
+            )
+    return item
 
 
 @contextmanager

@@ -31,6 +31,7 @@ _RATIO_FLOOR = 1 << 20  # members smaller than this are not ratio-checked
 MAX_TOTAL_RATIO = 20  # all members / the archive's size: model archives are under 2 (weights ~1.1x)
 _TOTAL_RATIO_FLOOR = 16 << 20  # archives that unpack to less than this are not ratio-checked
 _TEMP_PREFIX = ".unpacking-"
+UNPACKED = "unpacked"  # the folder of the cache an archive is unpacked into (sources; manylangs)
 
 
 class ArchiveError(ValueError):

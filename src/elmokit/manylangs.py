@@ -130,6 +130,7 @@ def _archive_root(folder: Path) -> Path | None:
     """For a folder in elmokit's cache, the unpacked archive it belongs to (the nearest folder
     named ``unpacked``, where ``elmokit.sources`` unpacks archives; else the folder itself);
     None for a folder outside the cache (a user's own)."""
+    from .archives import UNPACKED
     from .download import cache_dir
 
     cache, here = cache_dir().resolve(), folder.resolve()
@@ -138,7 +139,7 @@ def _archive_root(folder: Path) -> Path | None:
     for parent in (here, *here.parents):
         if parent == cache:
             break
-        if parent.name == "unpacked":
+        if parent.name == UNPACKED:
             return parent
     return here
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import download
-from .archives import ArchiveError, unpack_zip
+from .archives import UNPACKED, ArchiveError, unpack_zip
 from .pretrained import MODELS_DIR, available_models
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def _from_url(url: str, progress: bool | None) -> ModelSource:
     if found != "zip":
         what = {"json": "an options file", "hdf5": "an HDF5 weight file"}.get(found, "not a model archive")
         raise ValueError(f"{url} is {what}; give a .zip model archive, or --options and --weights")
-    return _from_archive(path, url, "url", path.parent / "unpacked", again=download.again_hint(url))
+    return _from_archive(path, url, "url", path.parent / UNPACKED, again=download.again_hint(url))
 
 
 def _from_local_file(path: Path, text: str) -> ModelSource:
@@ -210,7 +210,7 @@ def _from_local_file(path: Path, text: str) -> ModelSource:
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(download.CHUNK), b""):
                 key.update(chunk)
-        target = download.cache_dir() / "archives" / key.hexdigest()[:32] / "unpacked"
+        target = download.cache_dir() / "archives" / key.hexdigest()[:32] / UNPACKED
         return _from_archive(path, text, "archive", target)
     raise ValueError(
         f"{path} is a file, not a model folder or .zip archive; an options file needs its weight "
@@ -242,7 +242,7 @@ def _from_registry(known, spec: str, progress: bool | None) -> ModelSource:
             path,
             spec,
             "registry",
-            path.parent / "unpacked",
+            path.parent / UNPACKED,
             name=known.name,
             again=download.again_hint(archive.url, known.name),
         )

@@ -6,6 +6,12 @@
   bio_embeddings' ``SeqVecEmbedder``), make ``import allennlp.commands.elmo`` and
   ``import allennlp.modules.elmo`` give those names from elmokit. Opt-in, in memory only (an
   import hook; nothing is written to disk), and refused when a real allennlp is importable.
+  Besides the ELMo modules: ``allennlp.modules`` (``Elmo``, ``ScalarMix``),
+  ``allennlp.modules.token_embedders`` (``ElmoTokenEmbedder``), ``allennlp.data.token_indexers``
+  (``ELMoTokenCharactersIndexer``, ``ELMoCharacterMapper``) and ``allennlp.nn.util``'s sentence
+  boundary functions.
+- ``elmokit.compat.simple_elmo``: simple_elmo 0.9.2's ``ElmoModel`` (NLPL's loader);
+  ``install_simple_elmo_module()`` makes ``import simple_elmo`` give it, on the same terms.
 """
 
 from __future__ import annotations
@@ -21,39 +27,71 @@ from .files import resolve_model_file
 
 __all__ = [
     "ALLENNLP_MODULES",
+    "SIMPLE_ELMO_MODULES",
     "AllenNLPConflictError",
+    "SimpleElmoConflictError",
     "install_allennlp_modules",
+    "install_simple_elmo_module",
     "resolve_model_file",
     "uninstall_allennlp_modules",
+    "uninstall_simple_elmo_module",
 ]
 
-# The packages and the two ELMo modules that install_allennlp_modules() provides.
-_PACKAGES = ("allennlp", "allennlp.commands", "allennlp.modules")
-_ELMO_MODULES = {
-    "allennlp.modules.elmo": "MODULES_ELMO_NAMES",
-    "allennlp.commands.elmo": "COMMANDS_ELMO_NAMES",
+# What install_allennlp_modules() provides: each module (True: a package) and the attribute of
+# elmokit.compat.allennlp listing the names it holds (None: only its submodules).
+_TABLES = {
+    "allennlp": {
+        "allennlp": (True, None),
+        "allennlp.commands": (True, None),
+        "allennlp.commands.elmo": (False, "COMMANDS_ELMO_NAMES"),
+        "allennlp.modules": (True, "MODULES_NAMES"),
+        "allennlp.modules.elmo": (False, "MODULES_ELMO_NAMES"),
+        "allennlp.modules.scalar_mix": (False, "SCALAR_MIX_NAMES"),
+        "allennlp.modules.token_embedders": (True, "TOKEN_EMBEDDERS_NAMES"),
+        "allennlp.modules.token_embedders.elmo_token_embedder": (False, "TOKEN_EMBEDDERS_NAMES"),
+        "allennlp.data": (True, None),
+        "allennlp.data.token_indexers": (True, "TOKEN_INDEXERS_NAMES"),
+        "allennlp.data.token_indexers.elmo_indexer": (False, "ELMO_INDEXER_NAMES"),
+        "allennlp.nn": (True, None),
+        "allennlp.nn.util": (False, "NN_UTIL_NAMES"),
+    },
+    # What install_simple_elmo_module() provides, from elmokit.compat.simple_elmo.
+    "simple_elmo": {
+        "simple_elmo": (True, "SIMPLE_ELMO_NAMES"),
+        "simple_elmo.elmo_helpers": (False, "SIMPLE_ELMO_NAMES"),
+    },
 }
-ALLENNLP_MODULES = (*_PACKAGES, *_ELMO_MODULES)
+ALLENNLP_MODULES = tuple(_TABLES["allennlp"])
+SIMPLE_ELMO_MODULES = tuple(_TABLES["simple_elmo"])
 
 
 class AllenNLPConflictError(ImportError):
     """A real allennlp is importable, so elmokit will not stand in for it."""
 
 
-class _AllenNLPModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves exactly ``ALLENNLP_MODULES`` from elmokit; any other ``allennlp.*`` import fails
-    with a message naming what is provided."""
+class SimpleElmoConflictError(ImportError):
+    """A real simple_elmo is importable, so elmokit will not stand in for it."""
+
+
+class _CompatModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves exactly the modules of one table of ``_TABLES`` (``root`` and below) from
+    ``elmokit.compat.<root>``; any other ``<root>.*`` import fails with a message naming what is
+    provided."""
+
+    def __init__(self, root: str, installer: str) -> None:
+        self.root = root
+        self.installer = installer
+        self.table = _TABLES[root]
 
     def find_spec(self, fullname: str, path=None, target=None):  # noqa: ANN001
-        if fullname != "allennlp" and not fullname.startswith("allennlp."):
+        if fullname != self.root and not fullname.startswith(self.root + "."):
             return None
-        if fullname in _PACKAGES:
-            return importlib.util.spec_from_loader(fullname, self, is_package=True)
-        if fullname in _ELMO_MODULES:
-            return importlib.util.spec_from_loader(fullname, self)
+        if fullname in self.table:
+            return importlib.util.spec_from_loader(fullname, self, is_package=self.table[fullname][0])
+        provided = [name for name, (package, names) in self.table.items() if names is not None]
         raise ModuleNotFoundError(
-            f"No module named {fullname!r}: elmokit's AllenNLP compatibility provides only "
-            f"{', '.join(_ELMO_MODULES)} (elmokit.compat.install_allennlp_modules)",
+            f"No module named {fullname!r}: elmokit's {self.root} compatibility provides only "
+            f"{', '.join(provided)} (elmokit.compat.{self.installer})",
             name=fullname,
         )
 
@@ -62,17 +100,18 @@ class _AllenNLPModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         module.__elmokit_compat__ = True  # type: ignore[attr-defined]
-        if module.__name__ in _ELMO_MODULES:
-            from . import allennlp as compat
-
-            module.__doc__ = f"{module.__name__} from elmokit.compat.allennlp (AllenNLP 0.9's names)."
-            for name in getattr(compat, _ELMO_MODULES[module.__name__]):
-                setattr(module, name, getattr(compat, name))
-        else:
+        names = self.table[module.__name__][1]
+        if names is None:
             module.__doc__ = f"elmokit's stand-in for {module.__name__}: only its ELMo modules exist."
+            return
+        compat = importlib.import_module(f"{__name__}.{self.root}")
+        module.__doc__ = f"{module.__name__} from elmokit.compat.{self.root}."
+        for name in getattr(compat, names):
+            setattr(module, name, getattr(compat, name))
 
 
-_FINDER = _AllenNLPModules()
+_FINDER = _CompatModules("allennlp", "install_allennlp_modules")
+_SIMPLE_ELMO_FINDER = _CompatModules("simple_elmo", "install_simple_elmo_module")
 
 
 def install_allennlp_modules() -> None:
@@ -108,5 +147,40 @@ def uninstall_allennlp_modules() -> None:
     while _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     for name in [n for n in sys.modules if n == "allennlp" or n.startswith("allennlp.")]:
+        if getattr(sys.modules[name], "__elmokit_compat__", False):
+            del sys.modules[name]
+
+
+def install_simple_elmo_module() -> None:
+    """Make ``import simple_elmo`` (and ``simple_elmo.elmo_helpers``) give
+    ``elmokit.compat.simple_elmo``'s ``ElmoModel`` and ``divide_chunks``, so that code written
+    for simple_elmo runs on elmokit unchanged.
+
+    Call it before the code imports simple_elmo. An import hook for this process only (nothing
+    is written to disk); calling it again does nothing. Raises ``SimpleElmoConflictError`` when a
+    real simple_elmo is importable or already imported."""
+    if _SIMPLE_ELMO_FINDER in sys.meta_path:
+        return
+    loaded = sys.modules.get("simple_elmo")
+    if loaded is not None and not getattr(loaded, "__elmokit_compat__", False):
+        where = getattr(loaded, "__file__", None) or "a simple_elmo module"
+        raise SimpleElmoConflictError(
+            f"simple_elmo is already imported ({where}); elmokit will not stand in for a real simple_elmo"
+        )
+    spec = importlib.util.find_spec("simple_elmo") if loaded is None else None
+    if spec is not None:
+        where = spec.origin or ", ".join(spec.submodule_search_locations or []) or "sys.path"
+        raise SimpleElmoConflictError(
+            f"a real simple_elmo is importable ({where}); elmokit will not shadow it: use it, or "
+            "uninstall it (pip uninstall simple_elmo) to run this code on elmokit"
+        )
+    sys.meta_path.insert(0, _SIMPLE_ELMO_FINDER)
+
+
+def uninstall_simple_elmo_module() -> None:
+    """Undo ``install_simple_elmo_module()``: remove the hook and the modules it made."""
+    while _SIMPLE_ELMO_FINDER in sys.meta_path:
+        sys.meta_path.remove(_SIMPLE_ELMO_FINDER)
+    for name in [n for n in sys.modules if n == "simple_elmo" or n.startswith("simple_elmo.")]:
         if getattr(sys.modules[name], "__elmokit_compat__", False):
             del sys.modules[name]

@@ -388,10 +388,18 @@ class _CarriedLstmStates:
         )
 
 
-def _swap_gates(t: torch.Tensor, cell: int) -> torch.Tensor:
+def _swap_gates(t: torch.Tensor, cell: int, key: str) -> torch.Tensor:
     """AllenNLP's gate order (i, f, j, o) <-> TensorFlow's (i, j, f, o) along dim 0."""
+    if t.shape[0] != 4 * cell:
+        raise ValueError(
+            f"cannot load this AllenNLP checkpoint into ELMo: {key} has shape {tuple(t.shape)}, the "
+            f"model's options imply {4 * cell} rows (4 gates of {cell} cells)"
+        )
     i, a, b, o = t.split(cell)
     return torch.cat([i, b, a, o])
+
+
+LINEARITIES = ("input_linearity.weight", "state_linearity.weight")
 
 
 def _allennlp_datasets(state: dict[str, torch.Tensor], prefix: str, bilm: BiLM) -> dict[str, torch.Tensor]:
@@ -431,13 +439,10 @@ def _allennlp_datasets(state: dict[str, torch.Tensor], prefix: str, bilm: BiLM) 
             layer = f"{lstms}{direction}_layer_{k}."
             cell = lstm_cell_prefix(d, k, lstm.n_layers)
             kernel = torch.cat(
-                [
-                    _swap_gates(get(layer + "input_linearity.weight"), lstm.dim),
-                    _swap_gates(get(layer + "state_linearity.weight"), lstm.dim),
-                ],
-                dim=1,
+                [_swap_gates(get(layer + name), lstm.dim, layer + name) for name in LINEARITIES], dim=1
             )
-            bias = _swap_gates(get(layer + "state_linearity.bias"), lstm.dim).clone()
+            bias_key = layer + "state_linearity.bias"
+            bias = _swap_gates(get(bias_key), lstm.dim, bias_key).clone()
             bias[2 * lstm.dim : 3 * lstm.dim] -= 1.0  # AllenNLP folds TensorFlow's forget bias in
             out[f"{cell}/W_0"], out[f"{cell}/B"] = kernel.t(), bias
             out[f"{cell}/W_P_0"] = get(layer + "state_projection.weight").t()

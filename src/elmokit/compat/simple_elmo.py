@@ -50,6 +50,7 @@ Different: errors are one line (ValueError, FileNotFoundError) instead of ``Syst
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -194,11 +195,17 @@ class ElmoModel:
             raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         source = resolve_model(directory)
         options_file, weight_file = source.files()
-        bilm = BiLM.load(options_file, weight_file)
-        if bilm.options.char_cnn.n_characters == 261:
+        try:  # what simple_elmo checks in the file itself (elmokit reads 261 as 262)
+            n_characters = json.loads(Path(options_file).read_text(encoding="utf-8"))["char_cnn"][
+                "n_characters"
+            ]
+        except (ValueError, KeyError, TypeError):
+            n_characters = None  # BiLM.load names what is wrong
+        if n_characters == 261:
             raise ValueError(
                 f"{options_file}: invalid number of characters: 261; set n_characters to 262 for inference"
             )
+        bilm = BiLM.load(options_file, weight_file)
         self.bilm = bilm.to(device) if device is not None else bilm
         self.max_chars = bilm.options.char_cnn.max_characters_per_token
         self.batcher = _Characters(_read_vocabulary(source.extras.get("vocab")), self.max_chars, limit)

@@ -718,3 +718,14 @@ def test_checkpoints_of_the_old_compat_layout_and_of_another_model(tiny_files, c
     partial = {k: v for k, v in states["elmo"].items() if "char_conv_3" not in k}
     with pytest.raises(ValueError, match=r"has no '_elmo_lstm._token_embedder.char_conv_3.weight'"):
         elmo.load_state_dict(partial)
+
+
+def test_allennlps_cached_vocabulary_key_loads(tiny_files):
+    """AllenNLP saves the vocab_to_cache table as ``_elmo_lstm._word_embedding.weight``."""
+    vocab = ["@@PADDING@@", "@@UNKNOWN@@", "This", "is"]
+    elmo = Elmo(*tiny_files, 1, dropout=0.0, vocab_to_cache=vocab)
+    state = dict(elmo.state_dict())
+    table = state.pop("_elmo_lstm._word_embedding") + 1.0
+    state["_elmo_lstm._word_embedding.weight"] = table
+    elmo.load_state_dict(state)
+    assert torch.equal(elmo._elmo_lstm._word_embedding, table)

@@ -9,6 +9,12 @@ Everything is stateful exactly as AllenNLP's ``_ElmoBiLm``: each batch row's fin
 are that row's initial states in the next call, rows beyond a smaller batch keep theirs, and the
 first call starts from zeros (``elmokit.CarriedState``). elmokit's own ``Embedder`` is
 deterministic by default instead; use these classes to get AllenNLP's numbers.
+``elmo._elmo_lstm._elmo_lstm.stateful = False`` makes every call start from zeros, as in
+AllenNLP (other attributes set there are refused). Also: ``ElmoTokenEmbedder``, ``ScalarMix``
+(AllenNLP's parameter layout: ``scalar_parameters.0`` ..., ``gamma`` of shape (1,)),
+``ELMoCharacterMapper``, ``ELMoTokenCharactersIndexer``, ``add_sentence_boundary_token_ids``.
+A state dict saved from AllenNLP 0.9's ``Elmo`` (or a model holding one) loads into ``Elmo``
+with ``load_state_dict``: its biLM keys are converted to elmokit's.
 
 Also kept from AllenNLP: masks are int64 tensors (0/1); an empty sentence embeds as
 ``numpy.zeros((3, 0, 1024))`` (float64, 1024 whatever the model's size); ``embed_file`` refuses
@@ -563,8 +569,9 @@ class _ElmoBiLm(nn.Module):
         word_inputs: torch.Tensor | None = None,
         keep_sentence_boundaries: bool = True,
     ) -> BiLMOutput:
-        """One stateful call: layers (num_layers, batch, timesteps (+ 2), dim), the mask and the
-        state reached, which becomes the carried state."""
+        """One call: layers (num_layers, batch, timesteps (+ 2), dim), the mask and the state
+        reached, which becomes the carried state (with ``_elmo_lstm.stateful`` False: from zeros,
+        nothing carried)."""
         bilm = self.bilm
         if inputs.dim() != 3:
             raise ValueError(

@@ -29,6 +29,7 @@ from elmokit.compat.allennlp import (
     ConfigurationError,
     Elmo,
     ElmoEmbedder,
+    ElmoTokenEmbedder,
     _ElmoBiLm,
     batch_to_ids,
     remove_sentence_boundaries,
@@ -197,12 +198,13 @@ def test_requires_grad(tiny_files, requires_grad):
         assert all(g is not None for g in grads)
     else:
         assert all(g is None for g in grads)
-        assert elmo.scalar_mix_0.scalar_parameters.grad is not None
+        assert all(p.grad is not None for p in elmo.scalar_mix_0.scalar_parameters)
 
 
 def test_scalar_mix_parameters_are_fixed(tiny_files):
     elmo = Elmo(*tiny_files, 1, dropout=0.0, scalar_mix_parameters=[-9e10, 1.0, -9e10])
-    assert not elmo.scalar_mix_0.scalar_parameters.requires_grad and not elmo.scalar_mix_0.gamma.requires_grad
+    mix = elmo.scalar_mix_0
+    assert not any(p.requires_grad for p in mix.scalar_parameters) and not mix.gamma.requires_grad
     out = elmo(batch_to_ids(TWO))["elmo_representations"][0]
     bilm_output = _ElmoBiLm(*tiny_files)(batch_to_ids(TWO))  # softmax([-9e10, 1, -9e10]) = layer 1 only
     layer_1, _ = remove_sentence_boundaries(bilm_output["activations"][1], bilm_output["mask"])
@@ -296,8 +298,8 @@ def test_gradients_match_allennlp(tiny_files, tiny_sentences, reference):
     (representation * torch.randn(representation.shape)).sum().backward()
     mix, bilm = elmo.scalar_mix_0, elmo._elmo_lstm.bilm
     pairs = [  # gradients are sums over every output element: 1e-5 absolute and relative
-        (mix.scalar_parameters.grad, "scalar_parameters"),
-        (mix.gamma.grad.reshape(1), "gamma"),
+        (torch.cat([p.grad for p in mix.scalar_parameters]), "scalar_parameters"),  # as AllenNLP's test
+        (mix.gamma.grad, "gamma"),
         (bilm.token_encoder.projection.weight.grad, "projection_weight"),
         (bilm.token_encoder.projection.bias.grad, "projection_bias"),
         (bilm.token_encoder.char_cnn.convolutions[2].weight.grad, "conv_2_weight"),
@@ -486,10 +488,10 @@ def test_allennlp_module_paths_resolve_to_elmokit(allennlp_modules, tiny_files):
     assert not any((Path(p) / "allennlp").exists() for p in sys.path if p and Path(p).is_dir())
     embedder = allennlp.commands.elmo.ElmoEmbedder(*tiny_files)
     assert embedder.embed_sentence(["hello"]).shape == (3, 1, 32)
-    with pytest.raises(ModuleNotFoundError, match=r"No module named 'allennlp.data'"):
-        importlib.import_module("allennlp.data")
+    with pytest.raises(ModuleNotFoundError, match=r"No module named 'allennlp.data.fields'"):
+        importlib.import_module("allennlp.data.fields")
     install_allennlp_modules()  # a second call changes nothing
-    assert sum(type(f).__name__ == "_AllenNLPModules" for f in sys.meta_path) == 1
+    assert sum(getattr(f, "root", None) == "allennlp" for f in sys.meta_path) == 1
 
 
 def test_uninstall_removes_the_modules(tiny_files):
@@ -509,7 +511,7 @@ def test_a_real_allennlp_is_never_shadowed(tmp_path, monkeypatch):
         AllenNLPConflictError, match=r"a real allennlp is importable \(.*allennlp.__init__.py\)"
     ):
         install_allennlp_modules()
-    assert not any(type(f).__name__ == "_AllenNLPModules" for f in sys.meta_path)
+    assert not any(getattr(f, "root", None) == "allennlp" for f in sys.meta_path)
 
 
 def test_readme_section_examples_run(tmp_path, monkeypatch):
@@ -529,3 +531,201 @@ def test_readme_section_examples_run(tmp_path, monkeypatch):
             exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
     finally:
         uninstall_allennlp_modules()
+
+
+# -- issue 34: AllenNLP users' habits -------------------------------------------------------------
+CHECKPOINT = REFERENCE / "checkpoint.pt"
+
+
+@pytest.fixture(scope="module")
+def checkpoint() -> tuple[dict, dict[str, np.ndarray], dict]:
+    """State dicts saved by AllenNLP 0.9's own Elmo / ElmoTokenEmbedder after a fine-tuning step,
+    and what those modules then computed (tests/fixtures/allennlp-0.9/make_checkpoint.py)."""
+    meta = json.loads((REFERENCE / "checkpoint.json").read_text(encoding="utf-8"))
+    with np.load(REFERENCE / "checkpoint.npz") as arrays:
+        numbers = {k: arrays[k] for k in arrays.files}
+    return meta, numbers, torch.load(CHECKPOINT, weights_only=True)
+
+
+def test_stateful_false_makes_elmo_stateless(tiny_files, tiny_sentences):
+    """The recipe of allenai/allennlp#2398: the same input twice gives the same output, from
+    zero states; the carried states are kept for when stateful is set back to True."""
+    ids = batch_to_ids([s.split() for s in tiny_sentences[0][:3]])
+    elmo = Elmo(*tiny_files, 1, dropout=0.0)
+    fresh = Elmo(*tiny_files, 1, dropout=0.0)
+    first = elmo(ids)["elmo_representations"][0]
+    elmo._elmo_lstm._elmo_lstm.stateful = False
+    again = [elmo(ids)["elmo_representations"][0] for _ in range(2)]
+    assert torch.equal(again[0], again[1])
+    torch.testing.assert_close(again[0], first, atol=0, rtol=0)  # both from zeros
+    elmo._elmo_lstm._elmo_lstm.stateful = True
+    fresh(ids)
+    torch.testing.assert_close(
+        elmo(ids)["elmo_representations"][0], fresh(ids)["elmo_representations"][0], atol=0, rtol=0
+    )
+    embedder = ElmoEmbedder(*tiny_files)
+    embedder.elmo_bilm._elmo_lstm.stateful = False
+    sentence = tiny_sentences[1][0].split()
+    np.testing.assert_array_equal(embedder.embed_sentence(sentence), embedder.embed_sentence(sentence))
+
+
+def test_other_attributes_of_the_lstm_are_refused(tiny_files):
+    elmo = Elmo(*tiny_files, 1, dropout=0.0)
+    with pytest.raises(
+        AttributeError, match=r"_elmo_lstm\._elmo_lstm\.requires_grad cannot be set.*only stateful"
+    ):
+        elmo._elmo_lstm._elmo_lstm.requires_grad = True
+    with pytest.raises(TypeError, match="stateful must be True or False, got 'no'"):
+        elmo._elmo_lstm._elmo_lstm.stateful = "no"
+    elmo._elmo_lstm._elmo_lstm.stateful = 0  # AllenNLP tests it for truth
+    assert elmo._elmo_lstm._elmo_lstm.stateful is False
+
+
+def test_the_elmo_names_import_as_code_in_the_wild_writes_them(allennlp_modules, tiny_files):
+    import allennlp.modules
+    from allennlp.data.token_indexers import ELMoTokenCharactersIndexer as indexer_from_package
+    from allennlp.data.token_indexers.elmo_indexer import ELMoCharacterMapper, ELMoTokenCharactersIndexer
+    from allennlp.modules import Elmo as ElmoFromModules
+    from allennlp.modules.scalar_mix import ScalarMix
+    from allennlp.modules.token_embedders import ElmoTokenEmbedder as embedder_from_package
+    from allennlp.modules.token_embedders.elmo_token_embedder import ElmoTokenEmbedder
+    from allennlp.nn.util import add_sentence_boundary_token_ids
+    from allennlp.nn.util import remove_sentence_boundaries as remove
+
+    from elmokit.compat import allennlp as compat
+
+    assert ElmoFromModules is allennlp.modules.Elmo is Elmo
+    assert ElmoTokenEmbedder is embedder_from_package is compat.ElmoTokenEmbedder
+    assert ELMoTokenCharactersIndexer is indexer_from_package is compat.ELMoTokenCharactersIndexer
+    assert ELMoCharacterMapper is compat.ELMoCharacterMapper and ScalarMix is compat.ScalarMix
+    assert remove is remove_sentence_boundaries
+    assert add_sentence_boundary_token_ids is compat.add_sentence_boundary_token_ids
+    # eznlp's way: Elmo from allennlp.modules, made stateless
+    elmo = allennlp.modules.Elmo(*map(str, tiny_files), num_output_representations=1, dropout=0.0)
+    elmo._elmo_lstm._elmo_lstm.stateful = False
+    ids = batch_to_ids(TWO)
+    assert torch.equal(elmo(ids)["elmo_representations"][0], elmo(ids)["elmo_representations"][0])
+    # nothing else of allennlp
+    with pytest.raises(ImportError, match="get_text_field_mask"):
+        exec("from allennlp.nn.util import get_text_field_mask", {})
+    with pytest.raises(ModuleNotFoundError, match=r"No module named 'allennlp.modules.seq2seq_encoders'"):
+        importlib.import_module("allennlp.modules.seq2seq_encoders")
+
+
+def test_character_mapper_indexer_and_boundaries_compute_allennlps_numbers(checkpoint):
+    from elmokit.compat.allennlp import (
+        ELMoCharacterMapper,
+        ELMoTokenCharactersIndexer,
+        add_sentence_boundary_token_ids,
+    )
+
+    meta, arrays, _ = checkpoint
+    words = meta["mapper_words"]
+
+    class Token:  # AllenNLP's Token, as far as the indexer reads it
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+    np.testing.assert_array_equal(
+        [ELMoCharacterMapper().convert_word_to_char_ids(w) for w in words], arrays["mapper/plain"]
+    )
+    added = ELMoCharacterMapper({"<pad>": 1, "@@UNKNOWN@@": 2})
+    np.testing.assert_array_equal([added.convert_word_to_char_ids(w) for w in words], arrays["mapper/added"])
+    indexer = ELMoTokenCharactersIndexer(tokens_to_add={"<pad>": 1})
+    indices = indexer.tokens_to_indices([Token(w) for w in words], None, "elmo")
+    np.testing.assert_array_equal(indices["elmo"], arrays["indexer"])
+    padded = indexer.as_padded_tensor(indices, {"elmo": len(words) + 2}, {})["elmo"]
+    assert padded.shape == (len(words) + 2, 50) and not padded[len(words) :].any()
+    word_ids, vectors = (
+        torch.from_numpy(arrays["boundaries/input_2d"]),
+        torch.from_numpy(arrays["boundaries/input_3d"]),
+    )
+    added_2d, mask_2d = add_sentence_boundary_token_ids(word_ids, word_ids > 0, 1, 2)
+    np.testing.assert_array_equal(added_2d.numpy(), arrays["boundaries/2d/added"])
+    np.testing.assert_array_equal(mask_2d.numpy(), arrays["boundaries/2d/mask"])
+    begin, end = torch.full((6,), 0.5), torch.full((6,), 0.25)
+    added_3d, mask_3d = add_sentence_boundary_token_ids(vectors, word_ids > 0, begin, end)
+    np.testing.assert_array_equal(added_3d.numpy(), arrays["boundaries/3d/added"])
+    np.testing.assert_array_equal(mask_3d.numpy(), arrays["boundaries/3d/mask"])
+    removed, removed_mask = remove_sentence_boundaries(added_3d, mask_3d)
+    np.testing.assert_array_equal(removed.numpy(), arrays["boundaries/3d/removed"])
+    np.testing.assert_array_equal(removed_mask.numpy(), arrays["boundaries/3d/removed_mask"])
+
+
+def test_scalar_mix_has_allennlps_parameter_layout(tiny_files):
+    elmo = Elmo(*tiny_files, 2, dropout=0.0)
+    mix = elmo.scalar_mix_1
+    assert isinstance(mix.scalar_parameters, torch.nn.ParameterList) and len(mix.scalar_parameters) == 3
+    assert all(p.shape == (1,) for p in mix.scalar_parameters) and mix.gamma.shape == (1,)
+    assert torch.cat([p for p in mix.scalar_parameters]).shape == (3,)  # AllenNLP users' code
+    keys = {k for k in elmo.state_dict() if k.startswith("scalar_mix_")}
+    assert keys == {
+        f"scalar_mix_{m}.{n}"
+        for m in (0, 1)
+        for n in ("gamma", *(f"scalar_parameters.{i}" for i in range(3)))
+    }
+
+
+def test_a_checkpoint_saved_from_allennlps_elmo_loads(tiny_files, checkpoint):
+    meta, arrays, states = checkpoint
+    ids = batch_to_ids(meta["sentences"])
+    elmo = Elmo(*tiny_files, 2, requires_grad=True, dropout=0.0, do_layer_norm=True)
+    assert set(states["elmo"]) - set(elmo.state_dict()), "the checkpoint uses AllenNLP's own keys"
+    result = elmo.load_state_dict(states["elmo"])
+    assert not result.missing_keys and not result.unexpected_keys
+    elmo.eval()
+    with torch.no_grad():
+        for k in range(2):  # two stateful calls
+            out = elmo(ids)["elmo_representations"]
+            for r in range(2):
+                _close(out[r], arrays[f"elmo/{k}/{r}"], atol=1e-5, rtol=1e-5)
+    # a task model holding AllenNLP's Elmo as a submodule: the keys carry its prefix
+    model = torch.nn.ModuleDict({"elmo": Elmo(*tiny_files, 2, dropout=0.0, do_layer_norm=True)})
+    model.load_state_dict({f"elmo.{k}": v for k, v in states["elmo"].items()})
+    with torch.no_grad():
+        _close(model["elmo"](ids)["elmo_representations"][1], arrays["elmo/0/1"], atol=1e-5, rtol=1e-5)
+    embedder = ElmoTokenEmbedder(*tiny_files, dropout=0.0, projection_dim=5)
+    embedder.load_state_dict(states["token_embedder"])
+    with torch.no_grad():
+        _close(embedder.eval()(ids), arrays["token_embedder/0"], atol=1e-5, rtol=1e-5)
+
+
+def test_checkpoints_of_the_old_compat_layout_and_of_another_model(tiny_files, checkpoint, tmp_path):
+    _, _, states = checkpoint
+    elmo = Elmo(*tiny_files, 1, dropout=0.0)
+    old = dict(elmo.state_dict())  # elmokit's earlier compat layout: one tensor of 3, a 0-d gamma
+    for k in range(3):
+        del old[f"scalar_mix_0.scalar_parameters.{k}"]
+    old["scalar_mix_0.scalar_parameters"], old["scalar_mix_0.gamma"] = (
+        torch.tensor([1.0, 2.0, 3.0]),
+        torch.tensor(0.5),
+    )
+    elmo.load_state_dict(old)
+    assert torch.cat(list(elmo.scalar_mix_0.scalar_parameters)).tolist() == [1.0, 2.0, 3.0]
+    assert elmo.scalar_mix_0.gamma.tolist() == [0.5]
+    options = json.loads(tiny_files[0].read_text())
+    options["lstm"]["dim"] = 32  # another model: its checkpoint cannot be this one's
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    bilm = BiLM(options)
+    bilm.save(tmp_path / "options.json", tmp_path / "weights.hdf5")
+    other = Elmo(tmp_path / "options.json", tmp_path / "weights.hdf5", 2, dropout=0.0)
+    with pytest.raises(
+        ValueError,
+        match=r"^cannot load this AllenNLP checkpoint into ELMo: _elmo_lstm._elmo_lstm.forward_layer_0"
+        r".input_linearity.weight has shape \(256, 16\), the model's options imply 128 rows",
+    ):
+        other.load_state_dict(states["elmo"])
+    partial = {k: v for k, v in states["elmo"].items() if "char_conv_3" not in k}
+    with pytest.raises(ValueError, match=r"has no '_elmo_lstm._token_embedder.char_conv_3.weight'"):
+        elmo.load_state_dict(partial)
+
+
+def test_allennlps_cached_vocabulary_key_loads(tiny_files):
+    """AllenNLP saves the vocab_to_cache table as ``_elmo_lstm._word_embedding.weight``."""
+    vocab = ["@@PADDING@@", "@@UNKNOWN@@", "This", "is"]
+    elmo = Elmo(*tiny_files, 1, dropout=0.0, vocab_to_cache=vocab)
+    state = dict(elmo.state_dict())
+    table = state.pop("_elmo_lstm._word_embedding") + 1.0
+    state["_elmo_lstm._word_embedding.weight"] = table
+    elmo.load_state_dict(state)
+    assert torch.equal(elmo._elmo_lstm._word_embedding, table)

@@ -11,7 +11,7 @@ from .characters import PADDING_CHAR
 from .highway import Highway
 from .kernels import max_over_windows, needs_autograd
 from .options import CharCNNOptions
-from .token_cache import EncodingCache
+from .token_cache import EncodingCache, caching_allowed
 
 
 class CharCNN(nn.Module):
@@ -166,6 +166,7 @@ class TokenEncoder(nn.Module):
             self.cache_size > 0
             and len(unique)
             and kernels.enabled("token_cache")
+            and caching_allowed()
             and not needs_autograd(self, self.char_cnn.embedding.weight)
         ):
             if self._cache is None or self._cache.capacity != self.cache_size:

@@ -54,13 +54,26 @@ class ScalarMix(nn.Module):
         timesteps, dim); mask (batch, timesteps), needed for layer norm. -> (batch, timesteps, dim)."""
         if len(layers) != self.num_layers:
             raise ValueError(f"got {len(layers)} layers, this ScalarMix mixes {self.num_layers}")
-        weights = torch.softmax(self.scalar_parameters, dim=0)
-        if self.do_layer_norm:
-            if mask is None:
-                raise ValueError("do_layer_norm=True needs the mask")
-            layers = [_masked_layer_norm(layer, mask) for layer in layers]
-        mixed = sum(w * layer for w, layer in zip(weights, layers))
-        return self.gamma * mixed
+        return mix_layers(layers, self.scalar_parameters, self.gamma, mask, self.do_layer_norm)
+
+
+def mix_layers(
+    layers: Sequence[torch.Tensor] | torch.Tensor,
+    scalar_parameters: torch.Tensor,
+    gamma: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    do_layer_norm: bool = False,
+) -> torch.Tensor:
+    """gamma * sum_j softmax(s)_j * h_j (each h_j layer-normalised first with ``do_layer_norm``,
+    which needs the mask): the one computation of every scalar mix (elmokit's and the
+    AllenNLP-compatible one, whose parameters are laid out differently)."""
+    weights = torch.softmax(scalar_parameters, dim=0)
+    if do_layer_norm:
+        if mask is None:
+            raise ValueError("do_layer_norm=True needs the mask")
+        layers = [_masked_layer_norm(layer, mask) for layer in layers]
+    mixed = sum(w * layer for w, layer in zip(weights, layers))
+    return gamma * mixed
 
 
 def _masked_layer_norm(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:

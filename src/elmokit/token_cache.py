@@ -7,6 +7,7 @@ what determines them: the token (its key) and the weights' values. Every lookup 
 weights bit for bit with a copy taken when the cached encodings were computed, and empties the
 cache if anything differs, so no way of changing the weights (any optimizer, fused or not, a loop
 writing ``p.data``, ``load_state_dict``, ``.to(dtype)`` or ``.to(device)``) can leave it stale.
+Under ``torch.compile`` the caches step aside (``caching_allowed``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import torch
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-__all__ = ["EncodingCache", "LruCache", "WeightsCheck"]
+__all__ = ["EncodingCache", "LruCache", "WeightsCheck", "caching_allowed"]
+
+
+def caching_allowed() -> bool:
+    """Whether a cache of per-token results may be used now: not while ``torch.compile`` traces
+    the model (the cache's bookkeeping, keyed by each token's bytes in Python, cannot be traced),
+    so compiled code computes every token, which gives the same numbers. Every cache of encodings
+    asks this before computing its keys."""
+    return not torch.compiler.is_compiling()
 
 
 class LruCache(Generic[K, V]):

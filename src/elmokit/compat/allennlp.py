@@ -9,6 +9,12 @@ Everything is stateful exactly as AllenNLP's ``_ElmoBiLm``: each batch row's fin
 are that row's initial states in the next call, rows beyond a smaller batch keep theirs, and the
 first call starts from zeros (``elmokit.CarriedState``). elmokit's own ``Embedder`` is
 deterministic by default instead; use these classes to get AllenNLP's numbers.
+``elmo._elmo_lstm._elmo_lstm.stateful = False`` makes every call start from zeros, as in
+AllenNLP (other attributes set there are refused). Also: ``ElmoTokenEmbedder``, ``ScalarMix``
+(AllenNLP's parameter layout: ``scalar_parameters.0`` ..., ``gamma`` of shape (1,)),
+``ELMoCharacterMapper``, ``ELMoTokenCharactersIndexer``, ``add_sentence_boundary_token_ids``.
+A state dict saved from AllenNLP 0.9's ``Elmo`` (or a model holding one) loads into ``Elmo``
+with ``load_state_dict``: its biLM keys are converted to elmokit's.
 
 Also kept from AllenNLP: masks are int64 tensors (0/1); an empty sentence embeds as
 ``numpy.zeros((3, 0, 1024))`` (float64, 1024 whatever the model's size); ``embed_file`` refuses
@@ -35,11 +41,21 @@ from torch import nn
 
 from ..atomic import atomic_path, check_output
 from ..bilm import BiLM, BiLMOutput, CarriedState
-from ..characters import BEGIN_OF_WORD_CHAR, END_OF_WORD_CHAR, PADDING_CHAR, token_to_ids
+from ..characters import (
+    BEGIN_OF_SENTENCE_CHAR,
+    BEGIN_OF_WORD_CHAR,
+    BOS_TOKEN,
+    END_OF_SENTENCE_CHAR,
+    END_OF_WORD_CHAR,
+    EOS_TOKEN,
+    PADDING_CHAR,
+    token_to_ids,
+)
 from ..embed import _evaluating
 from ..lstm import LstmState
-from ..scalar_mix import ScalarMix
+from ..scalar_mix import mix_layers
 from ..textfiles import count_lines, read_lines
+from ..weights import _bilm_table, lstm_cell_prefix
 from .files import resolve_model_file
 
 logger = logging.getLogger(__name__)
@@ -60,8 +76,13 @@ __all__ = [
     "DEFAULT_OPTIONS_FILE",
     "DEFAULT_WEIGHT_FILE",
     "ConfigurationError",
+    "ELMoCharacterMapper",
+    "ELMoTokenCharactersIndexer",
     "Elmo",
     "ElmoEmbedder",
+    "ElmoTokenEmbedder",
+    "ScalarMix",
+    "add_sentence_boundary_token_ids",
     "batch_to_ids",
     "elmo_command",
     "empty_embedding",
@@ -70,7 +91,16 @@ __all__ = [
 
 # What the modules ``allennlp.modules.elmo`` and ``allennlp.commands.elmo`` hold when
 # ``elmokit.compat.install_allennlp_modules()`` makes them importable.
-MODULES_ELMO_NAMES = ("Elmo", "_ElmoBiLm", "batch_to_ids", "ConfigurationError")
+MODULES_ELMO_NAMES = (
+    "Elmo",
+    "_ElmoBiLm",
+    "batch_to_ids",
+    "ConfigurationError",
+    "ELMoCharacterMapper",
+    "ELMoTokenCharactersIndexer",
+    "remove_sentence_boundaries",
+    "add_sentence_boundary_token_ids",
+)
 COMMANDS_ELMO_NAMES = (
     "ElmoEmbedder",
     "DEFAULT_OPTIONS_FILE",
@@ -83,6 +113,13 @@ COMMANDS_ELMO_NAMES = (
     "remove_sentence_boundaries",
     "ConfigurationError",
 )
+# The other modules that install_allennlp_modules() provides: only their ELMo-related names.
+MODULES_NAMES = ("Elmo", "ScalarMix")  # allennlp.modules
+SCALAR_MIX_NAMES = ("ScalarMix",)
+TOKEN_EMBEDDERS_NAMES = ("ElmoTokenEmbedder",)
+TOKEN_INDEXERS_NAMES = ("ELMoTokenCharactersIndexer",)
+ELMO_INDEXER_NAMES = ("ELMoCharacterMapper", "ELMoTokenCharactersIndexer")
+NN_UTIL_NAMES = ("remove_sentence_boundaries", "add_sentence_boundary_token_ids")
 
 
 class ConfigurationError(ValueError):
@@ -130,6 +167,118 @@ def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tupl
     return torch.where(keep.unsqueeze(-1), inner, inner.new_zeros(())), keep.long()
 
 
+def add_sentence_boundary_token_ids(
+    tensor: torch.Tensor, mask: torch.Tensor, sentence_begin_token: Any, sentence_end_token: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, timesteps) or (batch, timesteps, dim) -> the same with ``sentence_begin_token``
+    first and ``sentence_end_token`` after each sentence (timesteps + 2), and the new int64 mask;
+    as AllenNLP's ``allennlp.nn.util.add_sentence_boundary_token_ids`` (the mask of 2-D input:
+    nonzero ids; of 3-D input: rows with a positive value)."""
+    if tensor.dim() not in (2, 3):
+        raise ValueError("add_sentence_boundary_token_ids only accepts 2D and 3D input")
+    lengths = mask.long().sum(dim=1).tolist()
+    shape = list(tensor.shape)
+    shape[1] += 2
+    out = tensor.new_zeros(*shape)
+    out[:, 1:-1] = tensor
+    out[:, 0] = sentence_begin_token
+    for i, length in enumerate(lengths):
+        out[i, length + 1] = sentence_end_token
+    if tensor.dim() == 2:
+        return out, (out != 0).long()
+    return out, ((out > 0).long().sum(dim=-1) > 0).long()
+
+
+class ELMoCharacterMapper:
+    """AllenNLP's ``ELMoCharacterMapper``: a token -> its 50 character ids, shifted by +1.
+    ``tokens_to_add``: {token: id} for special tokens, encoded as that one character."""
+
+    max_word_length = MAX_CHARACTERS_PER_TOKEN
+    beginning_of_sentence_character = BEGIN_OF_SENTENCE_CHAR
+    end_of_sentence_character = END_OF_SENTENCE_CHAR
+    beginning_of_word_character = BEGIN_OF_WORD_CHAR
+    end_of_word_character = END_OF_WORD_CHAR
+    padding_character = PADDING_CHAR
+    beginning_of_sentence_characters = list(token_to_ids(BOS_TOKEN, MAX_CHARACTERS_PER_TOKEN))
+    end_of_sentence_characters = list(token_to_ids(EOS_TOKEN, MAX_CHARACTERS_PER_TOKEN))
+    bos_token = BOS_TOKEN
+    eos_token = EOS_TOKEN
+
+    def __init__(self, tokens_to_add: dict[str, int] | None = None) -> None:
+        self.tokens_to_add = tokens_to_add or {}
+
+    def convert_word_to_char_ids(self, word: str) -> list[int]:
+        """The shifted ids (1..261) of ``word``."""
+        if word in self.tokens_to_add:
+            ids = [PADDING_CHAR] * MAX_CHARACTERS_PER_TOKEN
+            ids[:3] = [BEGIN_OF_WORD_CHAR, self.tokens_to_add[word], END_OF_WORD_CHAR]
+        else:
+            ids = list(_token_ids(word))
+        return [c + 1 for c in ids]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(self, other.__class__):
+            return self.__dict__ == other.__dict__
+        return NotImplemented
+
+
+class ELMoTokenCharactersIndexer:
+    """AllenNLP's ``ELMoTokenCharactersIndexer`` (``"elmo_characters"`` in configurations): the
+    character ids of tokens (objects with ``.text``, as AllenNLP's ``Token``, or str), padded
+    with all-zero rows. Only the indexer; AllenNLP's data pipeline is not provided."""
+
+    def __init__(
+        self,
+        namespace: str = "elmo_characters",
+        tokens_to_add: dict[str, int] | None = None,
+        token_min_padding_length: int = 0,
+    ) -> None:
+        self._namespace = namespace
+        self._mapper = ELMoCharacterMapper(tokens_to_add)
+        self._token_min_padding_length = token_min_padding_length
+
+    def count_vocab_items(self, token: Any, counter: dict[str, dict[str, int]]) -> None:
+        """Nothing to count: characters need no vocabulary."""
+
+    def tokens_to_indices(
+        self, tokens: Sequence[Any], vocabulary: Any, index_name: str
+    ) -> dict[str, list[list[int]]]:
+        """{index_name: one list of 50 ids per token}."""
+        texts = [token if isinstance(token, str) else getattr(token, "text", None) for token in tokens]
+        if any(text is None for text in texts):
+            raise ConfigurationError("ELMoTokenCharactersIndexer needs a tokenizer that retains text")
+        return {index_name: [self._mapper.convert_word_to_char_ids(text) for text in texts]}
+
+    def get_padding_lengths(self, token: list[int]) -> dict[str, int]:
+        return {}
+
+    def get_token_min_padding_length(self) -> int:
+        return self._token_min_padding_length
+
+    def get_keys(self, index_name: str) -> list[str]:
+        return [index_name]
+
+    def as_padded_tensor(
+        self,
+        tokens: dict[str, list[list[int]]],
+        desired_num_tokens: dict[str, int],
+        padding_lengths: dict[str, int],
+    ) -> dict[str, torch.Tensor]:
+        """Each list cut or padded (all-zero rows) to ``desired_num_tokens[key]`` tokens:
+        LongTensor (tokens, 50)."""
+        out = {}
+        for key, rows in tokens.items():
+            n = desired_num_tokens[key]
+            rows = list(rows[:n]) + [[0] * MAX_CHARACTERS_PER_TOKEN] * max(0, n - len(rows))
+            out[key] = torch.tensor(rows, dtype=torch.long).reshape(n, MAX_CHARACTERS_PER_TOKEN)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(self, other.__class__):
+            return self.__dict__ == other.__dict__
+        return NotImplemented
+
+
 def empty_embedding() -> np.ndarray:
     """What AllenNLP's ElmoEmbedder returns for an empty sentence: zeros (3, 0, 1024), float64."""
     return np.zeros((3, 0, 1024))
@@ -139,16 +288,86 @@ def _lazy_groups_of(iterator: Iterator[Any], group_size: int) -> Iterator[list[A
     return iter(lambda: list(islice(iterator, 0, group_size)), [])
 
 
+# -- the scalar mix ----------------------------------------------------------------------------
+class ScalarMix(nn.Module):
+    """AllenNLP's ``ScalarMix``: ``gamma * sum_k softmax(w)_k * tensor_k``, with AllenNLP's
+    parameters: ``scalar_parameters`` a ParameterList of ``mixture_size`` tensors of shape (1,),
+    ``gamma`` of shape (1,), so state-dict keys are ``scalar_parameters.0`` ... and ``gamma``.
+    ``trainable`` applies to both. Also loads the layout of elmokit 0.x's compat mix (one
+    ``scalar_parameters`` tensor, a 0-d ``gamma``)."""
+
+    def __init__(
+        self,
+        mixture_size: int,
+        do_layer_norm: bool = False,
+        initial_scalar_parameters: Sequence[float] | None = None,
+        trainable: bool = True,
+    ) -> None:
+        super().__init__()
+        if initial_scalar_parameters is None:
+            initial_scalar_parameters = [0.0] * mixture_size
+        elif len(initial_scalar_parameters) != mixture_size:
+            raise ConfigurationError(
+                f"Length of initial_scalar_parameters {list(initial_scalar_parameters)} differs from "
+                f"mixture_size {mixture_size}"
+            )
+        self.mixture_size = mixture_size
+        self.do_layer_norm = do_layer_norm
+        self.scalar_parameters = nn.ParameterList(
+            nn.Parameter(torch.tensor([float(v)]), requires_grad=trainable) for v in initial_scalar_parameters
+        )
+        self.gamma = nn.Parameter(torch.tensor([1.0]), requires_grad=trainable)
+
+    def forward(self, tensors: Sequence[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mixture_size`` tensors of one shape (and the mask, for layer norm) -> their mix."""
+        if len(tensors) != self.mixture_size:
+            raise ConfigurationError(
+                f"{len(tensors)} tensors were passed, but the module was initialized to mix "
+                f"{self.mixture_size} tensors."
+            )
+        return mix_layers(
+            tensors, torch.cat(list(self.scalar_parameters)), self.gamma, mask, self.do_layer_norm
+        )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        packed = state_dict.get(prefix + "scalar_parameters")
+        if packed is not None and packed.dim() == 1 and len(packed) == self.mixture_size:
+            del state_dict[prefix + "scalar_parameters"]
+            for k, value in enumerate(packed):
+                state_dict[f"{prefix}scalar_parameters.{k}"] = value.reshape(1)
+        gamma = state_dict.get(prefix + "gamma")
+        if gamma is not None and gamma.dim() == 0:
+            state_dict[prefix + "gamma"] = gamma.reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
 # -- the stateful biLM ------------------------------------------------------------------------
 class _CarriedLstmStates:
     """What ``_ElmoBiLm._elmo_lstm`` is in AllenNLP, as far as users touch it:
-    ``reset_states()`` and ``_states``, the carried (h, c) in AllenNLP's layout, h (n_layers,
-    batch, 2 * projection_dim) and c (n_layers, batch, 2 * dim), forward then backward."""
+    ``reset_states()``, ``_states``, the carried (h, c) in AllenNLP's layout, h (n_layers,
+    batch, 2 * projection_dim) and c (n_layers, batch, 2 * dim), forward then backward, and
+    ``stateful``: True (AllenNLP's default) carries each row's states into the next call; False
+    (the recipe ``elmo._elmo_lstm._elmo_lstm.stateful = False``) starts every call from zeros and
+    leaves the carried states as they are. Setting any other attribute raises AttributeError:
+    here it would change nothing (the weights are ``_ElmoBiLm.bilm``'s)."""
 
-    stateful = True
+    _SETTABLE = ("stateful", "_states", "carried")
 
     def __init__(self) -> None:
         self.carried = CarriedState()
+        self.stateful = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._SETTABLE:
+            raise AttributeError(
+                f"_elmo_lstm._elmo_lstm.{name} cannot be set on elmokit's AllenNLP-compatible ELMo: "
+                "only stateful, _states and reset_states() act there (the biLM is _elmo_lstm.bilm)"
+            )
+        if name == "stateful":
+            if not isinstance(value, (bool, int)) or isinstance(value, int) and value not in (0, 1):
+                raise TypeError(f"stateful must be True or False, got {value!r}")
+            value = bool(value)
+        object.__setattr__(self, name, value)
 
     def reset_states(self) -> None:
         """Forget the carried states: the next call starts from zeros."""
@@ -172,6 +391,93 @@ class _CarriedLstmStates:
         self.carried.state = LstmState(
             *(t.reshape(n_layers, batch, 2, -1).permute(0, 2, 1, 3).contiguous() for t in (h, c))
         )
+
+
+def _swap_gates(t: torch.Tensor, cell: int, key: str) -> torch.Tensor:
+    """AllenNLP's gate order (i, f, j, o) <-> TensorFlow's (i, j, f, o) along dim 0."""
+    if t.shape[0] != 4 * cell:
+        raise ValueError(
+            f"cannot load this AllenNLP checkpoint into ELMo: {key} has shape {tuple(t.shape)}, the "
+            f"model's options imply {4 * cell} rows (4 gates of {cell} cells)"
+        )
+    i, a, b, o = t.split(cell)
+    return torch.cat([i, b, a, o])
+
+
+LINEARITIES = ("input_linearity.weight", "state_linearity.weight")
+
+
+def _allennlp_datasets(state: dict[str, torch.Tensor], prefix: str, bilm: BiLM) -> dict[str, torch.Tensor]:
+    """The biLM of a state dict saved from AllenNLP's ``_ElmoBiLm`` (keys ``prefix +
+    "_token_embedder..."`` and ``"_elmo_lstm..."``) in the original weight file's layout
+    {dataset name: value}, the inverse of AllenNLP's loading from that file."""
+    options = bilm.options
+    cnn, lstm = options.char_cnn, options.lstm
+    n_filters = sum(n for _, n in cnn.filters)
+    tokens, lstms = prefix + "_token_embedder.", prefix + "_elmo_lstm."
+
+    def get(key: str) -> torch.Tensor:
+        if key not in state:
+            raise KeyError(f"the AllenNLP ELMo state dict has no {key!r}")
+        return state[key].detach().to("cpu", torch.float32)
+
+    out = {"char_embed": get(tokens + "_char_embedding_weights")[1:]}
+    for k in range(len(cnn.filters)):
+        out[f"CNN/W_cnn_{k}"] = get(f"{tokens}char_conv_{k}.weight").permute(2, 1, 0).unsqueeze(0)
+        out[f"CNN/b_cnn_{k}"] = get(f"{tokens}char_conv_{k}.bias")
+    for k in range(cnn.n_highway):
+        # AllenNLP: one Linear of [transform; -carry] (its gate is 1 - bilm-tf's)
+        weight, bias = (
+            get(f"{tokens}_highways._layers.{k}.weight"),
+            get(f"{tokens}_highways._layers.{k}.bias"),
+        )
+        out[f"CNN_high_{k}/W_transform"], out[f"CNN_high_{k}/W_carry"] = (
+            weight[:n_filters].t(),
+            -weight[n_filters:].t(),
+        )
+        out[f"CNN_high_{k}/b_transform"], out[f"CNN_high_{k}/b_carry"] = bias[:n_filters], -bias[n_filters:]
+    if tokens + "_projection.weight" in state:
+        out["CNN_proj/W_proj"] = get(tokens + "_projection.weight").t()
+        out["CNN_proj/b_proj"] = get(tokens + "_projection.bias")
+    for k in range(lstm.n_layers):
+        for d, direction in enumerate(("forward", "backward")):
+            layer = f"{lstms}{direction}_layer_{k}."
+            cell = lstm_cell_prefix(d, k, lstm.n_layers)
+            kernel = torch.cat(
+                [_swap_gates(get(layer + name), lstm.dim, layer + name) for name in LINEARITIES], dim=1
+            )
+            bias_key = layer + "state_linearity.bias"
+            bias = _swap_gates(get(bias_key), lstm.dim, bias_key).clone()
+            bias[2 * lstm.dim : 3 * lstm.dim] -= 1.0  # AllenNLP folds TensorFlow's forget bias in
+            out[f"{cell}/W_0"], out[f"{cell}/B"] = kernel.t(), bias
+            out[f"{cell}/W_P_0"] = get(layer + "state_projection.weight").t()
+    return out
+
+
+def _load_allennlp_bilm(state: dict[str, torch.Tensor], prefix: str, bilm: BiLM) -> dict[str, torch.Tensor]:
+    """elmokit's ``bilm`` parameters {name: value} from an AllenNLP ``_ElmoBiLm`` state dict,
+    through the original file layout (elmokit's table of it, checked shape by shape)."""
+    try:
+        datasets = _allennlp_datasets(state, prefix, bilm)
+    except KeyError as err:
+        raise ValueError(f"cannot load this AllenNLP checkpoint into ELMo: {err.args[0]}") from None
+    params = {name: p.detach().clone() for name, p in bilm.named_parameters()}
+    for entry in _bilm_table(bilm.options):
+        tensors = [params[name] for name in entry.params]
+        if entry.direction is not None:
+            tensors = [t[entry.direction] for t in tensors]
+        expected = tuple(entry.transform.to_file(tensors).shape)
+        value = datasets.get(entry.name)
+        if value is None or tuple(value.shape) != expected:
+            found = "nothing" if value is None else f"shape {tuple(value.shape)}"
+            raise ValueError(
+                f"cannot load this AllenNLP checkpoint into ELMo: {entry.name} of its biLM is {found}, "
+                f"the model's options imply {expected}"
+            )
+        with torch.no_grad():
+            for tensor, part in zip(tensors, entry.transform.from_file(value, tensors)):
+                tensor.copy_(part)
+    return params
 
 
 class _ElmoBiLm(nn.Module):
@@ -220,6 +526,22 @@ class _ElmoBiLm(nn.Module):
         """2 * projection_dim."""
         return self.bilm.output_dim
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        """Also load what AllenNLP 0.9's ``_ElmoBiLm`` saved (``_token_embedder.*``,
+        ``_elmo_lstm.*``, ``_word_embedding.weight``), converted to elmokit's biLM."""
+        theirs = [
+            k for k in state_dict if k.startswith((prefix + "_token_embedder.", prefix + "_elmo_lstm."))
+        ]
+        if theirs:
+            for name, value in _load_allennlp_bilm(state_dict, prefix, self.bilm).items():
+                state_dict[f"{prefix}bilm.{name}"] = value
+            for key in theirs:
+                del state_dict[key]
+        word_embedding = state_dict.pop(prefix + "_word_embedding.weight", None)
+        if word_embedding is not None:
+            state_dict[prefix + "_word_embedding"] = word_embedding
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def create_cached_cnn_embeddings(self, tokens: list[str]) -> None:
         """Compute the token vectors of ``tokens`` (and of <S>, </S>) once; word id i is
         ``tokens[i]``, and id 0 is padding (its vector is zeros), as in AllenNLP."""
@@ -246,15 +568,20 @@ class _ElmoBiLm(nn.Module):
         word_inputs: torch.Tensor | None = None,
         keep_sentence_boundaries: bool = True,
     ) -> BiLMOutput:
-        """One stateful call: layers (num_layers, batch, timesteps (+ 2), dim), the mask and the
-        state reached, which becomes the carried state."""
+        """One call: layers (num_layers, batch, timesteps (+ 2), dim), the mask and the state
+        reached, which becomes the carried state (with ``_elmo_lstm.stateful`` False: from zeros,
+        nothing carried)."""
         bilm = self.bilm
         if inputs.dim() != 3:
             raise ValueError(
                 f"inputs must be char ids (batch, timesteps, 50), got shape {tuple(inputs.shape)}"
             )
         batch = inputs.shape[0]
-        initial = self._elmo_lstm.carried.initial(bilm, batch, bilm.lstm.layers[0].weight_hidden)
+        lstm, like = self._elmo_lstm, bilm.lstm.layers[0].weight_hidden
+        if lstm.stateful:
+            initial = lstm.carried.initial(bilm, batch, like)
+        else:  # AllenNLP's stateless encoder: zeros, and the carried states left untouched
+            initial = bilm.zero_state(batch, like)
         with _evaluating(bilm):
             cached = self._cached_tokens(word_inputs)
             if cached is not None:
@@ -262,7 +589,8 @@ class _ElmoBiLm(nn.Module):
                 out = bilm.contextualize(tokens, lengths, initial, keep_sentence_boundaries)
             else:
                 out = bilm(inputs, initial, keep_sentence_boundaries=keep_sentence_boundaries)
-        self._elmo_lstm.carried.update(out.state)
+        if lstm.stateful:
+            lstm.carried.update(out.state)
         return out
 
     def _cached_tokens(self, word_inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -334,7 +662,6 @@ class Elmo(nn.Module):
                 do_layer_norm=do_layer_norm,
                 initial_scalar_parameters=scalar_mix_parameters,
                 trainable=trainable,
-                gamma_trainable=trainable,
             )
             self.add_module(f"scalar_mix_{k}", scalar_mix)
             self._scalar_mixes.append(scalar_mix)
@@ -385,6 +712,51 @@ class Elmo(nn.Module):
             "elmo_representations": [r.view(*shape, -1) for r in representations],
             "mask": processed_mask.view(shape),
         }
+
+
+class ElmoTokenEmbedder(nn.Module):
+    """AllenNLP's ``ElmoTokenEmbedder`` (``"elmo_token_embedder"``): one ``Elmo`` mix, optionally
+    projected to ``projection_dim`` by a Linear layer; ``forward(inputs, word_inputs=None)`` ->
+    (batch, ..., timesteps, output_dim). The ``Elmo`` is ``_elmo``, the projection
+    ``_projection``, as in AllenNLP's state dicts."""
+
+    def __init__(
+        self,
+        options_file: str | os.PathLike,
+        weight_file: str | os.PathLike,
+        do_layer_norm: bool = False,
+        dropout: float = 0.5,
+        requires_grad: bool = False,
+        projection_dim: int | None = None,
+        vocab_to_cache: list[str] | None = None,
+        scalar_mix_parameters: list[float] | None = None,
+    ) -> None:
+        super().__init__()
+        self._elmo = Elmo(
+            options_file,
+            weight_file,
+            1,
+            do_layer_norm=do_layer_norm,
+            dropout=dropout,
+            requires_grad=requires_grad,
+            vocab_to_cache=vocab_to_cache,
+            scalar_mix_parameters=scalar_mix_parameters,
+        )
+        self._projection: nn.Linear | None = None
+        if projection_dim:
+            self._projection = nn.Linear(self._elmo.get_output_dim(), projection_dim)
+            self.output_dim = projection_dim
+        else:
+            self.output_dim = self._elmo.get_output_dim()
+
+    def get_output_dim(self) -> int:
+        return self.output_dim
+
+    def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> torch.Tensor:
+        representation = self._elmo(inputs, word_inputs)["elmo_representations"][0]
+        if self._projection is not None:
+            representation = self._projection(representation)  # on the last dimension, any rank
+        return representation
 
 
 # -- embedding sentences and files ------------------------------------------------------------

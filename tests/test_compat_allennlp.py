@@ -23,6 +23,7 @@ from elmokit.compat import (
     install_allennlp_modules,
     resolve_model_file,
     uninstall_allennlp_modules,
+    uninstall_simple_elmo_module,
 )
 from elmokit.compat.allennlp import (
     DEFAULT_OPTIONS_FILE,
@@ -531,9 +532,10 @@ def test_readme_section_examples_run(tmp_path, monkeypatch):
             exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
     finally:
         uninstall_allennlp_modules()
+        uninstall_simple_elmo_module()
 
 
-# -- issue 34: AllenNLP users' habits -------------------------------------------------------------
+# -- AllenNLP users' habits ---------------------------------------------------------------------
 CHECKPOINT = REFERENCE / "checkpoint.pt"
 
 

@@ -1,4 +1,5 @@
-# Everything a fresh machine needs: `make demo` runs the main job, `make test` runs the test suite.
+# Everything a fresh machine needs: `make demo` runs the main job, `make test` runs the test suite
+# (pytest-xdist: one worker per core, at most 4).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,7 +23,7 @@ demo: install
 	$(BIN)/elmokit demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks scripts

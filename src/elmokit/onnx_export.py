@@ -1,0 +1,299 @@
+"""ONNX export of a biLM, and the runtime that runs an exported file through onnxruntime.
+
+The graph (``export_onnx``, ``elmokit export-onnx``) takes what ``BiLM.forward`` takes and gives
+what it gives:
+
+- inputs: ``char_ids`` int64 (batch, timesteps, input_width) from the model's ``batch_to_ids``;
+  ``initial_h`` (n_layers, 2, rows, projection_dim) and ``initial_c`` (n_layers, 2, rows, dim),
+  both optional: left out, every row starts from the model's start state (zeros for a model
+  without one), which the file holds (warm mode); given, ``rows`` is 1 (the same state for every
+  row) or the batch;
+- outputs: ``layers`` (num_layers, batch, timesteps, 2 * projection_dim), zero past each row's
+  length; ``mask`` bool (batch, timesteps); ``final_h`` and ``final_c``, each row's state after
+  its last position (</S>), usable as the next call's initial state.
+
+Batch and length are dynamic, and the graph handles any length: each LSTM layer is one ONNX
+``Scan`` (``elmokit.scan_lstm``). The token encoder runs over the full character width (the plain
+form of ``CharCNN``'s exact shortcuts). The file records a fingerprint of the weights it was
+exported from, and ``OnnxBiLM`` refuses to pair it with another model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .atomic import atomic_path, check_output
+from .bilm import BiLM, BiLMOutput, StateArg
+from .characters import lengths_from_ids
+from .lstm import LstmState
+from .scan_lstm import reverse_index, scan_bilstm
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OnnxBiLM", "export_onnx", "model_fingerprint", "require_onnx"]
+
+FORMAT = "elmokit-bilm-1"  # metadata "elmokit.format": what the inputs and outputs are
+INPUTS = ("char_ids", "initial_h", "initial_c")
+OUTPUTS = ("layers", "mask", "final_h", "final_c")
+OPSET = 18
+EXTRA_HINT = "pip install 'elmokit[onnx]'"
+
+
+def require_onnx(what: str = "the onnxruntime backend") -> None:
+    """Raise a one-line ImportError when onnx or onnxruntime is missing."""
+    for name in ("onnx", "onnxruntime"):
+        try:
+            __import__(name)
+        except ImportError:
+            raise ImportError(f"{what} needs the package {name}: {EXTRA_HINT}") from None
+
+
+def model_fingerprint(bilm: BiLM) -> str:
+    """sha256 of a model's options, weights and start state: what an exported file was made from."""
+    digest = hashlib.sha256(json.dumps(bilm.options.to_dict(), sort_keys=True).encode())
+    tensors = [(name, p) for name, p in bilm.state_dict().items()]
+    if bilm.start_state is not None:
+        tensors += [("start_state.h", bilm.start_state.h), ("start_state.c", bilm.start_state.c)]
+    for name, tensor in tensors:
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class _Graph(nn.Module):
+    """What is exported: ``BiLM.forward`` in a form ``torch.export`` takes with dynamic shapes."""
+
+    def __init__(self, bilm: BiLM) -> None:
+        super().__init__()
+        self.bilm = bilm
+
+    def encode(self, ids: torch.Tensor) -> torch.Tensor:
+        """The token encoder over the full character width: (n, input_width) -> (n, projection_dim)."""
+        encoder = self.bilm.token_encoder
+        cnn = encoder.char_cnn
+        x = cnn.embedding(ids[:, : cnn.max_chars]).transpose(1, 2)
+        pooled = [F.conv1d(x, conv.weight, conv.bias).amax(dim=-1) for conv in cnn.convolutions]
+        features = encoder.highway(cnn.activation(torch.cat(pooled, dim=-1)))
+        if encoder.word_embedding is not None:
+            features = torch.cat([encoder.word_embedding(ids[:, -1]), features], dim=-1)
+        return features if encoder.projection is None else encoder.projection(features)
+
+    def forward(
+        self, char_ids: torch.Tensor, initial_h: torch.Tensor, initial_c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, steps, width = char_ids.shape
+        words = lengths_from_ids(char_ids)  # (batch,)
+        bos, eos = self.bilm._boundary_ids[0], self.bilm._boundary_ids[1]
+        ids = torch.cat([bos.expand(batch, 1, width), char_ids, torch.zeros_like(char_ids[:, :1])], dim=1)
+        positions = torch.arange(steps + 2, device=ids.device).unsqueeze(0)  # (1, steps + 2)
+        ids = torch.where((positions == (words + 1).unsqueeze(1)).unsqueeze(-1), eos, ids)
+        real = positions < (words + 2).unsqueeze(1)  # (batch, steps + 2)
+        tokens = self.encode(ids.reshape(-1, width)).view(batch, steps + 2, -1)
+        dim = tokens.shape[-1]
+        reverse = reverse_index(real).unsqueeze(-1).expand(-1, -1, dim)
+        inputs = torch.stack([tokens, tokens.gather(1, reverse)])
+        outputs, final = scan_bilstm(self.bilm.lstm, inputs, real, LstmState(initial_h, initial_c))
+        forward, backward = outputs[:, 0], outputs[:, 1].gather(2, reverse.unsqueeze(0).expand_as(outputs[:, 1]))
+        layers = torch.cat(
+            [torch.cat([tokens, tokens], dim=-1).unsqueeze(0), torch.cat([forward, backward], dim=-1)]
+        )[:, :, 1 : steps + 1]
+        mask = positions[:, :steps] < words.unsqueeze(1)
+        layers = torch.where(mask.unsqueeze(0).unsqueeze(-1), layers, torch.zeros_like(layers))
+        return layers, mask, final.h, final.c
+
+
+def _start_state(bilm: BiLM) -> LstmState:
+    """The state a row starts from in warm mode, one row: h (n_layers, 2, 1, proj), c (.., dim)."""
+    state = bilm.initial_state(1)
+    return LstmState(state.h.detach().float().cpu(), state.c.detach().float().cpu())
+
+
+def export_onnx(bilm: BiLM, output: str | os.PathLike | None = None, overwrite: bool = False) -> bytes:
+    """Export ``bilm`` (float32, CPU) as an ONNX graph (see the module docstring); write it to
+    ``output`` when given (atomically; an existing file only with ``overwrite``). Returns the
+    file's bytes."""
+    require_onnx("ONNX export")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    if output is not None:
+        check_output(output, overwrite)
+    source = bilm
+    if _device_or_dtype_differ(bilm):  # the given model is never changed: export a copy
+        bilm = copy.deepcopy(bilm).to("cpu", torch.float32)
+    graph = _Graph(bilm).eval()
+    was_training = bilm.training
+    bilm.eval()
+    opt = bilm.options.lstm
+    example_ids = bilm.batch_to_ids([["a", "b", "c"], ["d", "e"]]).cpu()
+    start = _start_state(bilm)
+    example_state = (
+        start.h.expand(-1, -1, 2, -1).contiguous(),
+        start.c.expand(-1, -1, 2, -1).contiguous(),
+    )
+    batch, steps = torch.export.Dim("batch", min=1), torch.export.Dim("timesteps", min=1)
+    dynamic = {"char_ids": {0: batch, 1: steps}, "initial_h": {2: batch}, "initial_c": {2: batch}}
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                graph,
+                (example_ids, *example_state),
+                dynamic_shapes=dynamic,
+                input_names=list(INPUTS),
+                output_names=list(OUTPUTS),
+                opset_version=OPSET,
+                dynamo=True,
+                verbose=False,
+                optimize=True,
+            )
+    finally:
+        bilm.train(was_training)
+    model = program.model_proto
+    # The state inputs become optional: the given state (1 or `batch` rows) is broadcast to the
+    # batch, and a state left out is the start state held in the file (an overridable initializer).
+    g = model.graph
+    renamed = {"initial_h": "_state_h", "initial_c": "_state_c"}
+    for node in g.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    kept = [i for i in g.input if i.name not in renamed]
+    del g.input[:]
+    g.input.extend(kept)
+    shape_nodes = [
+        helper.make_node("Shape", ["char_ids"], ["_batch"], start=0, end=1),
+        helper.make_node("Concat", ["_layers_dirs", "_batch", "_proj"], ["_shape_h"], axis=0),
+        helper.make_node("Concat", ["_layers_dirs", "_batch", "_dim"], ["_shape_c"], axis=0),
+        helper.make_node("Expand", ["initial_h", "_shape_h"], ["_state_h"]),
+        helper.make_node("Expand", ["initial_c", "_shape_c"], ["_state_c"]),
+    ]
+    for node in reversed(shape_nodes):
+        g.node.insert(0, node)
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([opt.n_layers, 2], dtype=np.int64), "_layers_dirs"),
+            numpy_helper.from_array(np.array([opt.projection_dim], dtype=np.int64), "_proj"),
+            numpy_helper.from_array(np.array([opt.dim], dtype=np.int64), "_dim"),
+            numpy_helper.from_array(start.h.numpy(), "initial_h"),
+            numpy_helper.from_array(start.c.numpy(), "initial_c"),
+        ]
+    )
+    for name, size in (("initial_h", opt.projection_dim), ("initial_c", opt.dim)):
+        g.input.append(
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, [opt.n_layers, 2, "state_rows", size])
+        )
+    metadata = {
+        "elmokit.format": FORMAT,
+        "elmokit.fingerprint": model_fingerprint(source),
+        "elmokit.options": json.dumps(bilm.options.to_dict(), sort_keys=True),
+        "elmokit.model_class": type(source).__name__,
+    }
+    del model.metadata_props[:]
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.checker.check_model(model)
+    data = model.SerializeToString()
+    if output is not None:
+        with atomic_path(output, overwrite) as tmp:
+            tmp.write_bytes(data)
+        logger.info("wrote %s (%d bytes)", output, len(data))
+    return data
+
+
+def _device_or_dtype_differ(bilm: BiLM) -> bool:
+    weight = next(bilm.parameters())
+    return weight.device.type != "cpu" or weight.dtype != torch.float32
+
+
+class OnnxBiLM:
+    """An exported biLM run by onnxruntime on the CPU, called as ``BiLM.forward`` is:
+    ``onnx_bilm(char_ids, state)`` -> ``BiLMOutput`` (layers, mask, final state) as torch tensors.
+
+    source: the file's path or its bytes. ``bilm``: the model it must have been exported from
+    (its fingerprint is checked; None skips the check). ``threads``: onnxruntime's intra-op
+    threads (None: torch's setting). A file that is not an elmokit ONNX export, is damaged, or
+    was made from other weights is a ValueError naming it."""
+
+    def __init__(
+        self, source: str | os.PathLike | bytes, bilm: BiLM | None = None, threads: int | None = None
+    ) -> None:
+        require_onnx()
+        import onnx
+        import onnxruntime as ort
+
+        self.name = "the exported model" if isinstance(source, bytes) else str(source)
+        data = source if isinstance(source, bytes) else _read_file(Path(source))
+        try:
+            proto = onnx.load_model_from_string(data)
+        except Exception as err:  # protobuf's DecodeError and others: the file is not ONNX
+            raise ValueError(f"{self.name}: not an ONNX file ({_first_line(err)})") from None
+        metadata = {p.key: p.value for p in proto.metadata_props}
+        if metadata.get("elmokit.format") != FORMAT:
+            raise ValueError(
+                f"{self.name}: not an ONNX file exported by elmokit export-onnx "
+                f"(metadata elmokit.format is {metadata.get('elmokit.format')!r}, expected {FORMAT!r})"
+            )
+        if bilm is not None and metadata.get("elmokit.fingerprint") != model_fingerprint(bilm):
+            raise ValueError(
+                f"{self.name} was exported from other weights than the model given; export this "
+                "model again (elmokit export-onnx MODEL OUT.onnx)"
+            )
+        options = json.loads(metadata.get("elmokit.options", "{}"))
+        lstm = options.get("lstm", {})
+        self.n_layers = int(lstm.get("n_layers", 0))
+        self.state_dims = (int(lstm.get("projection_dim", 0)), int(lstm.get("dim", 0)))
+        settings = ort.SessionOptions()
+        settings.intra_op_num_threads = threads or torch.get_num_threads()
+        settings.inter_op_num_threads = 1
+        settings.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(data, settings, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime's Fail, InvalidGraph, ...: a damaged graph
+            raise ValueError(f"{self.name}: onnxruntime cannot load it ({_first_line(err)})") from None
+        names = [i.name for i in self.session.get_inputs()]  # the required ones
+        names += [i.name for i in self.session.get_overridable_initializers() if i.name in INPUTS]
+        if names != list(INPUTS) or [o.name for o in self.session.get_outputs()] != list(OUTPUTS):
+            raise ValueError(f"{self.name}: its inputs {names} are not those of an elmokit export")
+
+    def __call__(self, char_ids: torch.Tensor, state: StateArg = None) -> BiLMOutput:
+        """char_ids (batch, timesteps, input_width); state None (the start state held in the
+        file), "zero", or an LstmState for the batch (or one row)."""
+        feeds = {"char_ids": char_ids.detach().cpu().to(torch.int64).numpy()}
+        if isinstance(state, str):
+            if state != "zero":
+                raise ValueError(f"state must be an LstmState, None or 'zero', got {state!r}")
+            proj, dim = self.state_dims
+            state = LstmState(torch.zeros(self.n_layers, 2, 1, proj), torch.zeros(self.n_layers, 2, 1, dim))
+        if state is not None:
+            rows = state.h.shape[2]
+            if rows not in (1, char_ids.shape[0]):
+                raise ValueError(f"state has {rows} rows for a batch of {char_ids.shape[0]}")
+            feeds["initial_h"] = state.h.detach().float().cpu().contiguous().numpy()
+            feeds["initial_c"] = state.c.detach().float().cpu().contiguous().numpy()
+        layers, mask, h, c = self.session.run(list(OUTPUTS), feeds)
+        return BiLMOutput(
+            torch.from_numpy(layers), torch.from_numpy(mask), LstmState(torch.from_numpy(h), torch.from_numpy(c))
+        )
+
+
+def _read_file(path: Path) -> bytes:
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX file not found: {path}")
+    with io.open(path, "rb") as f:
+        return f.read()
+
+
+def _first_line(err: BaseException, width: int = 160) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:width]

@@ -258,6 +258,10 @@ class Embedder:
     ``mode`` None (default) is "warm", which starts from zeros for a model without a start state;
     asking for "warm" explicitly of such a model gives a UserWarning. ``device`` None is cuda
     when there is a GPU, else the model's device; a device this machine lacks is a ValueError.
+    ``backend`` "onnxruntime" (the ``onnx`` extra) runs each batch through an ONNX export of the
+    model (``onnx_file``, made by ``elmokit export-onnx`` from the same weights, or the model
+    exported in memory when None) on the CPU in float32, with the same modes, batching and outputs
+    (docs/export.md: within 1e-5 of the torch backend).
     """
 
     def __init__(
@@ -269,6 +273,8 @@ class Embedder:
         max_tokens_per_batch: int | None = None,
         token_cache_size: int = 100_000,
         dtype: str | torch.dtype = torch.float32,
+        backend: str = "torch",
+        onnx_file: str | os.PathLike | None = None,
     ) -> None:
         asked_warm = mode == "warm"
         mode = "warm" if mode is None else mode
@@ -287,7 +293,7 @@ class Embedder:
         else:
             bilm = load_bilm(model)  # any form: name, folder, .zip, URL; None: the default
         if device is None:
-            device = "cuda" if torch.cuda.is_available() else _device(bilm)
+            device = "cuda" if torch.cuda.is_available() and backend == "torch" else _device(bilm)
         device = resolve_device(device)
         weight = next(bilm.parameters())
         if weight.device != device or weight.dtype != dtype:
@@ -301,6 +307,8 @@ class Embedder:
         self.carried = CarriedState() if mode == "stateful" else None
         self.cache = TokenCache(self.bilm, token_cache_size)
         self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
+        # backend "onnxruntime": batches run through an exported file (elmokit.onnx_export)
+        self.onnx = None if backend == "torch" else _onnx_backend(backend, bilm, onnx_file, dtype)
         if asked_warm and bilm.start_state is None:
             warnings.warn(
                 "the model has no start state, so warm mode starts every sentence from zero states "
@@ -319,6 +327,13 @@ class Embedder:
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One float32 array (num_layers, n_tokens, dim) per sentence, in the given order."""
         _check_sentences(sentences)
+        if self.onnx is not None:  # the start state (warm) is the one held in the file
+            ids = self.bilm.batch_to_ids(sentences)
+            zeros = torch.zeros(0)
+            out = self.onnx(ids, None if self.mode == "warm" else self._initial_state(len(sentences), zeros))
+            if self.carried is not None:
+                self.carried.update(out.state)
+            return self._to_host(out.layers, [len(s) for s in sentences])
         lengths = torch.tensor([len(s) + 2 for s in sentences])
         steps = int(lengths.max())
         bos, eos = self.bilm.boundary_tokens
@@ -517,6 +532,18 @@ class Embedder:
     def encode_token_block(self, tokens: list[str]) -> np.ndarray:
         """float32 (n_tokens, projection_dim): one block of ``embed_tokens_file``."""
         return self.bilm.encode_tokens(tokens).float().cpu().numpy()
+
+
+def _onnx_backend(backend: str, bilm: BiLM, onnx_file: str | os.PathLike | None, dtype: torch.dtype):
+    """The runner of backend "onnxruntime": ``onnx_file`` (checked against ``bilm``'s weights), or
+    ``bilm`` exported in memory when None. CPU and float32 only."""
+    if backend != "onnxruntime":
+        raise ValueError(f"backend must be torch or onnxruntime, got {backend!r}")
+    if _device(bilm).type != "cpu" or dtype != torch.float32:
+        raise ValueError("backend onnxruntime runs float32 on the CPU: pass device='cpu' and dtype float32")
+    from .onnx_export import OnnxBiLM, export_onnx
+
+    return OnnxBiLM(export_onnx(bilm) if onnx_file is None else onnx_file, bilm)
 
 
 def _vocabulary_tokens(vocab_path: str | os.PathLike) -> list[str]:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import io
 import json
 import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +106,8 @@ class _Graph(nn.Module):
         reverse = reverse_index(real).unsqueeze(-1).expand(-1, -1, dim)
         inputs = torch.stack([tokens, tokens.gather(1, reverse)])
         outputs, final = scan_bilstm(self.bilm.lstm, inputs, real, LstmState(initial_h, initial_c))
-        forward, backward = outputs[:, 0], outputs[:, 1].gather(2, reverse.unsqueeze(0).expand_as(outputs[:, 1]))
+        backward = outputs[:, 1].gather(2, reverse.unsqueeze(0).expand_as(outputs[:, 1]))
+        forward = outputs[:, 0]
         layers = torch.cat(
             [torch.cat([tokens, tokens], dim=-1).unsqueeze(0), torch.cat([forward, backward], dim=-1)]
         )[:, :, 1 : steps + 1]
@@ -146,7 +148,7 @@ def export_onnx(bilm: BiLM, output: str | os.PathLike | None = None, overwrite: 
     batch, steps = torch.export.Dim("batch", min=1), torch.export.Dim("timesteps", min=1)
     dynamic = {"char_ids": {0: batch, 1: steps}, "initial_h": {2: batch}, "initial_c": {2: batch}}
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 graph,
@@ -209,6 +211,18 @@ def export_onnx(bilm: BiLM, output: str | os.PathLike | None = None, overwrite: 
             tmp.write_bytes(data)
         logger.info("wrote %s (%d bytes)", output, len(data))
     return data
+
+
+@contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's log lines about operators of packages elmokit does not use."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry.level
+    registry.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        registry.setLevel(level)
 
 
 def _device_or_dtype_differ(bilm: BiLM) -> bool:
@@ -282,16 +296,14 @@ class OnnxBiLM:
             feeds["initial_h"] = state.h.detach().float().cpu().contiguous().numpy()
             feeds["initial_c"] = state.c.detach().float().cpu().contiguous().numpy()
         layers, mask, h, c = self.session.run(list(OUTPUTS), feeds)
-        return BiLMOutput(
-            torch.from_numpy(layers), torch.from_numpy(mask), LstmState(torch.from_numpy(h), torch.from_numpy(c))
-        )
+        final = LstmState(torch.from_numpy(h), torch.from_numpy(c))
+        return BiLMOutput(torch.from_numpy(layers), torch.from_numpy(mask), final)
 
 
 def _read_file(path: Path) -> bytes:
     if not path.is_file():
         raise FileNotFoundError(f"ONNX file not found: {path}")
-    with io.open(path, "rb") as f:
-        return f.read()
+    return path.read_bytes()
 
 
 def _first_line(err: BaseException, width: int = 160) -> str:

@@ -133,7 +133,9 @@ def test_export_onnx_refuses_to_replace_a_file_unless_told(tiny_onnx, tmp_path, 
     )
     assert out.read_bytes() == b"keep me"
     assert main(["export-onnx", str(TINY), str(tmp_path / "missing" / "x.onnx")]) == 2
-    assert capsys.readouterr().err == f"elmokit: error: output folder does not exist: {tmp_path / 'missing'}\n"
+    assert (
+        capsys.readouterr().err == f"elmokit: error: output folder does not exist: {tmp_path / 'missing'}\n"
+    )
 
 
 def test_onnxruntime_matches_pytorch_batch_1_7_64_lengths_1_to_600(tiny, tiny_runtime):

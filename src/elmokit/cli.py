@@ -377,7 +377,7 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     require_onnx("export-onnx")
     check_output(args.output, args.overwrite)  # before the model is read
     bilm = _load_model(args) if (args.options or args.weights) else load_bilm(args.model)
-    data = export_onnx(bilm, args.output, args.overwrite)
+    data = export_onnx(bilm, args.output, args.overwrite, int8=args.int8)
     print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
     return 0
 
@@ -462,10 +462,10 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "int8"],
         default="float32",
         help="bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with AVX-512 bf16 (slower at batch 1), "
-        "cosine 0.9999 to float32",
+        "cosine 0.9999 to float32; int8: with --backend onnxruntime, int8 matmuls (docs/export.md)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
@@ -877,6 +877,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="the .onnx file to write")
     p.add_argument("--options", help="options.json (with --weights, instead of MODEL)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
+    p.add_argument("--int8", action="store_true", help="int8 matmuls (approximate; docs/export.md)")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.set_defaults(func=export_onnx_command)
 

@@ -253,8 +253,10 @@ class Embedder:
     ``max_tokens_per_batch`` tokens (padding included). ``dtype`` "bfloat16" (or "bf16", or
     ``torch.bfloat16``) runs the model in bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with
     AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (README, "Speed");
-    float32 is the default. A BiLM passed in is never changed: when it is on another device or
-    dtype the Embedder runs a copy, and it runs in eval mode only for the duration of a batch.
+    float32 is the default; "int8" (with ``backend`` "onnxruntime") runs the exported graph
+    with int8 matmuls (opt-in, approximate: docs/export.md). A BiLM passed in is never changed:
+    when it is on another device or dtype the Embedder runs a copy, and it runs in eval mode only
+    for the duration of a batch.
     ``mode`` None (default) is "warm", which starts from zeros for a model without a start state;
     asking for "warm" explicitly of such a model gives a UserWarning. ``device`` None is cuda
     when there is a GPU, else the model's device; a device this machine lacks is a ValueError.
@@ -277,6 +279,8 @@ class Embedder:
         onnx_file: str | os.PathLike | None = None,
     ) -> None:
         asked_warm = mode == "warm"
+        int8 = dtype == "int8"  # onnxruntime's int8 graph (backend onnxruntime); the model stays float32
+        dtype = torch.float32 if int8 else dtype
         mode = "warm" if mode is None else mode
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -308,7 +312,9 @@ class Embedder:
         self.cache = TokenCache(self.bilm, token_cache_size)
         self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
         # backend "onnxruntime": batches run through an exported file (elmokit.onnx_export)
-        self.onnx = None if backend == "torch" else _onnx_backend(backend, bilm, onnx_file, dtype)
+        self.onnx = None
+        if backend != "torch" or int8:
+            self.onnx = _onnx_backend(backend, bilm, onnx_file, dtype, int8)
         if asked_warm and bilm.start_state is None:
             warnings.warn(
                 "the model has no start state, so warm mode starts every sentence from zero states "
@@ -534,16 +540,26 @@ class Embedder:
         return self.bilm.encode_tokens(tokens).float().cpu().numpy()
 
 
-def _onnx_backend(backend: str, bilm: BiLM, onnx_file: str | os.PathLike | None, dtype: torch.dtype):
+def _onnx_backend(
+    backend: str, bilm: BiLM, onnx_file: str | os.PathLike | None, dtype: torch.dtype, int8: bool
+):
     """The runner of backend "onnxruntime": ``onnx_file`` (checked against ``bilm``'s weights), or
-    ``bilm`` exported in memory when None. CPU and float32 only."""
-    if backend != "onnxruntime":
+    ``bilm`` exported in memory when None; ``int8``: its int8 graph. CPU only."""
+    if backend not in ("torch", "onnxruntime"):
         raise ValueError(f"backend must be torch or onnxruntime, got {backend!r}")
+    if backend != "onnxruntime":
+        raise ValueError("dtype int8 runs on the onnxruntime backend: pass backend='onnxruntime'")
     if _device(bilm).type != "cpu" or dtype != torch.float32:
-        raise ValueError("backend onnxruntime runs float32 on the CPU: pass device='cpu' and dtype float32")
-    from .onnx_export import OnnxBiLM, export_onnx
+        raise ValueError("backend onnxruntime runs on the CPU in float32 or int8: pass device='cpu'")
+    from .onnx_export import OnnxBiLM, export_onnx, quantize_int8
 
-    return OnnxBiLM(export_onnx(bilm) if onnx_file is None else onnx_file, bilm)
+    data = export_onnx(bilm, int8=int8) if onnx_file is None else onnx_file
+    runner = OnnxBiLM(data, bilm)
+    if runner.dtype != ("int8" if int8 else "float32"):
+        if not int8:
+            raise ValueError(f"{onnx_file} is an {runner.dtype} export: pass dtype='int8' to run it")
+        runner = OnnxBiLM(quantize_int8(Path(onnx_file).read_bytes()), bilm)
+    return runner
 
 
 def _vocabulary_tokens(vocab_path: str | os.PathLike) -> list[str]:

@@ -43,7 +43,7 @@ from .scan_lstm import reverse_index, scan_bilstm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OnnxBiLM", "export_onnx", "model_fingerprint", "require_onnx"]
+__all__ = ["OnnxBiLM", "export_onnx", "model_fingerprint", "quantize_int8", "require_onnx"]
 
 FORMAT = "elmokit-bilm-1"  # metadata "elmokit.format": what the inputs and outputs are
 INPUTS = ("char_ids", "initial_h", "initial_c")
@@ -122,10 +122,12 @@ def _start_state(bilm: BiLM) -> LstmState:
     return LstmState(state.h.detach().float().cpu(), state.c.detach().float().cpu())
 
 
-def export_onnx(bilm: BiLM, output: str | os.PathLike | None = None, overwrite: bool = False) -> bytes:
-    """Export ``bilm`` (float32, CPU) as an ONNX graph (see the module docstring); write it to
-    ``output`` when given (atomically; an existing file only with ``overwrite``). Returns the
-    file's bytes."""
+def export_onnx(
+    bilm: BiLM, output: str | os.PathLike | None = None, overwrite: bool = False, int8: bool = False
+) -> bytes:
+    """Export ``bilm`` (float32, CPU) as an ONNX graph (see the module docstring); with ``int8``
+    its matmuls quantized (``quantize_int8``); write it to ``output`` when given (atomically; an
+    existing file only with ``overwrite``). Returns the file's bytes."""
     require_onnx("ONNX export")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -206,6 +208,8 @@ def export_onnx(bilm: BiLM, output: str | os.PathLike | None = None, overwrite: 
         model.metadata_props.add(key=key, value=value)
     onnx.checker.check_model(model)
     data = model.SerializeToString()
+    if int8:
+        data = quantize_int8(data)
     if output is not None:
         with atomic_path(output, overwrite) as tmp:
             tmp.write_bytes(data)
@@ -223,6 +227,49 @@ def _quiet_exporter() -> Iterator[None]:
         yield
     finally:
         registry.setLevel(level)
+
+
+def quantize_int8(data: bytes) -> bytes:
+    """An exported graph with int8 weights: onnxruntime's dynamic quantization of every MatMul (the
+    LSTM steps inside the Scans included; activations quantized per call), the char CNN's
+    convolutions kept in float32. Opt-in and not exact: docs/export.md gives its accuracy."""
+    require_onnx("int8 quantization")
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load_model_from_string(data)
+    metadata = {p.key: p.value for p in model.metadata_props}
+    if metadata.get("elmokit.dtype", "float32") != "float32":
+        raise ValueError(f"the graph is already {metadata['elmokit.dtype']}")
+    with tempfile.TemporaryDirectory() as folder, _quiet_quantizer():
+        target = Path(folder) / "int8.onnx"
+        quantize_dynamic(
+            model,
+            target,
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            extra_options={"EnableSubgraph": True},
+        )
+        quantized = onnx.load(str(target))
+    kept = {p.key: p.value for p in quantized.metadata_props if p.key.startswith("elmokit.")}
+    kept["elmokit.dtype"] = "int8"
+    del quantized.metadata_props[:]
+    for key, value in kept.items():
+        quantized.metadata_props.add(key=key, value=value)
+    return quantized.SerializeToString()
+
+
+@contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """onnxruntime's quantizer logs advice through the root logger; keep it off the user's screen."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(before)
 
 
 def _device_or_dtype_differ(bilm: BiLM) -> bool:
@@ -263,6 +310,7 @@ class OnnxBiLM:
                 f"{self.name} was exported from other weights than the model given; export this "
                 "model again (elmokit export-onnx MODEL OUT.onnx)"
             )
+        self.dtype = metadata.get("elmokit.dtype", "float32")  # "int8": quantize_int8's graph
         options = json.loads(metadata.get("elmokit.options", "{}"))
         lstm = options.get("lstm", {})
         self.n_layers = int(lstm.get("n_layers", 0))

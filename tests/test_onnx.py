@@ -294,11 +294,51 @@ def test_files_that_are_not_an_export_are_named_in_one_line(tiny_onnx, tmp_path,
 def test_unsupported_settings_are_refused(tiny, tiny_runtime):
     with pytest.raises(ValueError, match=r"^backend must be torch or onnxruntime, got 'tvm'$"):
         Embedder(tiny, backend="tvm")
-    with pytest.raises(ValueError, match=r"^backend onnxruntime runs float32 on the CPU"):
+    with pytest.raises(ValueError, match=r"^backend onnxruntime runs on the CPU in float32 or int8"):
         Embedder(tiny, backend="onnxruntime", dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"^dtype int8 runs on the onnxruntime backend"):
+        Embedder(tiny, dtype="int8")
     ids = tiny.batch_to_ids([["a", "b"], ["c"]])
     zero = tiny.zero_state(3)
     with pytest.raises(ValueError, match=r"^state has 3 rows for a batch of 2$"):
         tiny_runtime(ids, zero)
     with pytest.raises(ValueError, match=r"^state must be an LstmState, None or 'zero', got 'warm'$"):
         tiny_runtime(ids, "warm")
+
+
+# -- int8 -----------------------------------------------------------------------------------------
+
+
+def _cosines(expected: list[np.ndarray], actual: list[np.ndarray]) -> np.ndarray:
+    """Per layer, the cosine of every token's int8 vector to its float32 one: (num_layers, tokens)."""
+    a, b = np.concatenate(expected, axis=1), np.concatenate(actual, axis=1)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def test_int8_export_quantizes_the_lstm_steps_and_stays_close(tiny, tiny_onnx, tmp_path, capsys):
+    """export-onnx --int8: the matmuls inside the Scans become int8 (MatMulInteger); its vectors
+    stay close to float32 but are not exact (opt-in only); a float32 file runs as int8 when asked,
+    and an int8 file is refused as float32."""
+    out = tmp_path / "tiny-int8.onnx"
+    assert main(["export-onnx", str(TINY), str(out), "--int8"]) == 0
+    assert capsys.readouterr().err == f"wrote {out} ({out.stat().st_size:,} bytes)\n"  # no quantizer advice
+    model = onnx.load(str(out))
+    scans = [node for node in model.graph.node if node.op_type == "Scan"]
+    body_ops = {n.op_type for scan in scans for a in scan.attribute if a.name == "body" for n in a.g.node}
+    assert "MatMulInteger" in body_ops and "MatMul" not in body_ops
+    assert {p.key: p.value for p in model.metadata_props}["elmokit.dtype"] == "int8"
+    sentences = _sentences([12, 3, 30, 7], seed=5)
+    expected = list(Embedder(tiny, mode="zero").embed_sentences(sentences))
+    int8 = list(
+        Embedder(tiny, mode="zero", backend="onnxruntime", dtype="int8", onnx_file=out).embed_sentences(
+            sentences
+        )
+    )
+    cosines = _cosines(expected, int8)
+    assert cosines.min() > 0.99 and cosines.mean() > 0.999
+    assert max(float(np.abs(e - a).max()) for e, a in zip(expected, int8)) > 1e-4  # not the float32 path
+    quantized_here = Embedder(tiny, mode="zero", backend="onnxruntime", dtype="int8", onnx_file=tiny_onnx)
+    for e, a in zip(int8, quantized_here.embed_sentences(sentences)):
+        np.testing.assert_array_equal(e, a)
+    with pytest.raises(ValueError, match=r"is an int8 export: pass dtype='int8' to run it$"):
+        Embedder(tiny, backend="onnxruntime", onnx_file=out)

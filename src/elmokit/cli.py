@@ -376,8 +376,7 @@ def export_onnx_command(args: argparse.Namespace) -> int:
 
     require_onnx("export-onnx")
     check_output(args.output, args.overwrite)  # before the model is read
-    bilm = _load_model(args) if (args.options or args.weights) else load_bilm(args.model)
-    data = export_onnx(bilm, args.output, args.overwrite, int8=args.int8)
+    data = export_onnx(load_bilm(args.model), args.output, args.overwrite, int8=args.int8)
     print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
     return 0
 
@@ -875,8 +874,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export-onnx", help="write a model as one ONNX graph (dynamic shapes, LSTM state)")
     p.add_argument("model", help=MODEL_HELP)
     p.add_argument("output", help="the .onnx file to write")
-    p.add_argument("--options", help="options.json (with --weights, instead of MODEL)")
-    p.add_argument("--weights", help="weights HDF5 in the original layout")
     p.add_argument("--int8", action="store_true", help="int8 matmuls (approximate; docs/export.md)")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.set_defaults(func=export_onnx_command)

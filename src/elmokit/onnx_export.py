@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -84,7 +85,8 @@ class _Graph(nn.Module):
         """The token encoder over the full character width: (n, input_width) -> (n, projection_dim)."""
         encoder = self.bilm.token_encoder
         cnn = encoder.char_cnn
-        x = cnn.embedding(ids[:, : cnn.max_chars]).transpose(1, 2)
+        chars = ids if encoder.word_embedding is None else ids[:, :-1]
+        x = cnn.embedding(chars).transpose(1, 2)
         pooled = [F.conv1d(x, conv.weight, conv.bias).amax(dim=-1) for conv in cnn.convolutions]
         features = encoder.highway(cnn.activation(torch.cat(pooled, dim=-1)))
         if encoder.word_embedding is not None:
@@ -96,7 +98,12 @@ class _Graph(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, steps, width = char_ids.shape
         words = lengths_from_ids(char_ids)  # (batch,)
-        bos, eos = self.bilm._boundary_ids[0], self.bilm._boundary_ids[1]
+        boundary = self.bilm._boundary_ids  # (2, input_width), cut to the width given
+        if self.bilm.token_encoder.word_embedding is None:
+            boundary = boundary[:, :width]
+        else:
+            boundary = torch.cat([boundary[:, : width - 1], boundary[:, -1:]], dim=1)
+        bos, eos = boundary[0], boundary[1]
         ids = torch.cat([bos.expand(batch, 1, width), char_ids, torch.zeros_like(char_ids[:, :1])], dim=1)
         positions = torch.arange(steps + 2, device=ids.device).unsqueeze(0)  # (1, steps + 2)
         ids = torch.where((positions == (words + 1).unsqueeze(1)).unsqueeze(-1), eos, ids)
@@ -114,6 +121,45 @@ class _Graph(nn.Module):
         mask = positions[:, :steps] < words.unsqueeze(1)
         layers = torch.where(mask.unsqueeze(0).unsqueeze(-1), layers, torch.zeros_like(layers))
         return layers, mask, final.h, final.c
+
+
+class _CharTrim(NamedTuple):
+    """How many characters of each token the graph needs (``CharCNN.forward``'s exact shortcut):
+    a window of padding characters only gives the same value for every token, so the first
+    ``L + max_filter_width`` characters hold all a token's windows that matter (L: one past its
+    last character that is not padding). The runtime cuts ``char_ids`` to that width for the
+    longest real token of the batch; the graph takes any width from ``min_width`` on."""
+
+    padding_id: int
+    max_chars: int
+    max_filter_width: int
+    word_column: bool
+    min_width: int
+
+    @classmethod
+    def of(cls, bilm: BiLM) -> _CharTrim:
+        cnn = bilm.token_encoder.char_cnn
+        widest = max(conv.kernel_size[0] for conv in cnn.convolutions)
+        word = bilm.token_encoder.word_embedding is not None
+        boundary = cls(cnn.padding_id, cnn.max_chars, widest, word, 0).needed(bilm._boundary_ids.cpu())
+        return cls(cnn.padding_id, cnn.max_chars, widest, word, boundary + int(word))
+
+    def needed(self, ids: torch.Tensor) -> int:
+        """The characters the real tokens of ``ids`` (..., input_width) need (at most max_chars)."""
+        chars = ids[..., : self.max_chars]
+        real = (ids > 0).any(dim=-1)
+        if not bool(real.any()):
+            return min(self.max_chars, 1 + self.max_filter_width)
+        positions = torch.arange(1, self.max_chars + 1)
+        last = int(((chars != self.padding_id) * positions).amax(dim=-1)[real].max())
+        return min(self.max_chars, last + self.max_filter_width)
+
+    def cut(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` with only the characters its real tokens need (the word column kept)."""
+        width = max(self.needed(ids), self.min_width - int(self.word_column))
+        if width >= self.max_chars:
+            return ids
+        return torch.cat([ids[..., :width], ids[..., -1:]], dim=-1) if self.word_column else ids[..., :width]
 
 
 def _start_state(bilm: BiLM) -> LstmState:
@@ -148,7 +194,9 @@ def export_onnx(
         start.c.expand(-1, -1, 2, -1).contiguous(),
     )
     batch, steps = torch.export.Dim("batch", min=1), torch.export.Dim("timesteps", min=1)
-    dynamic = {"char_ids": {0: batch, 1: steps}, "initial_h": {2: batch}, "initial_c": {2: batch}}
+    trim = _CharTrim.of(bilm)
+    chars = torch.export.Dim("width", min=trim.min_width, max=bilm.token_encoder.input_width)
+    dynamic = {"char_ids": {0: batch, 1: steps, 2: chars}, "initial_h": {2: batch}, "initial_c": {2: batch}}
     try:
         with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
             warnings.simplefilter("ignore")
@@ -202,6 +250,7 @@ def export_onnx(
         "elmokit.fingerprint": model_fingerprint(source),
         "elmokit.options": json.dumps(bilm.options.to_dict(), sort_keys=True),
         "elmokit.model_class": type(source).__name__,
+        "elmokit.char_trim": json.dumps(trim._asdict()),
     }
     del model.metadata_props[:]
     for key, value in metadata.items():
@@ -311,6 +360,8 @@ class OnnxBiLM:
                 "model again (elmokit export-onnx MODEL OUT.onnx)"
             )
         self.dtype = metadata.get("elmokit.dtype", "float32")  # "int8": quantize_int8's graph
+        trim = metadata.get("elmokit.char_trim")
+        self.trim = None if trim is None else _CharTrim(**json.loads(trim))
         options = json.loads(metadata.get("elmokit.options", "{}"))
         lstm = options.get("lstm", {})
         self.n_layers = int(lstm.get("n_layers", 0))
@@ -331,7 +382,10 @@ class OnnxBiLM:
     def __call__(self, char_ids: torch.Tensor, state: StateArg = None) -> BiLMOutput:
         """char_ids (batch, timesteps, input_width); state None (the start state held in the
         file), "zero", or an LstmState for the batch (or one row)."""
-        feeds = {"char_ids": char_ids.detach().cpu().to(torch.int64).numpy()}
+        ids = char_ids.detach().cpu().to(torch.int64)
+        if self.trim is not None and ids.numel():
+            ids = self.trim.cut(ids)
+        feeds = {"char_ids": ids.numpy()}
         if isinstance(state, str):
             if state != "zero":
                 raise ValueError(f"state must be an LstmState, None or 'zero', got {state!r}")

@@ -125,6 +125,9 @@ def test_export_onnx_writes_one_scan_per_layer_with_dynamic_shapes(tiny_onnx, ca
 
 
 def test_export_onnx_refuses_to_replace_a_file_unless_told(tiny_onnx, tmp_path, capsys):
+    training = BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5").train()
+    export_onnx(training)  # exported in eval mode (no dropout), given back in the mode it had
+    assert training.training and training.lstm.training
     out = tmp_path / "exists.onnx"
     out.write_bytes(b"keep me")
     assert main(["export-onnx", str(TINY), str(out)]) == 2

@@ -183,9 +183,8 @@ def export_onnx(
     source = bilm
     if _device_or_dtype_differ(bilm):  # the given model is never changed: export a copy
         bilm = copy.deepcopy(bilm).to("cpu", torch.float32)
-    graph = _Graph(bilm).eval()
     was_training = bilm.training
-    bilm.eval()
+    graph = _Graph(bilm).eval()  # the model in eval mode (no dropout) until the export is done
     opt = bilm.options.lstm
     example_ids = bilm.batch_to_ids([["a", "b", "c"], ["d", "e"]]).cpu()
     start = _start_state(bilm)

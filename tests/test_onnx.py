@@ -125,9 +125,6 @@ def test_export_onnx_writes_one_scan_per_layer_with_dynamic_shapes(tiny_onnx, ca
 
 
 def test_export_onnx_refuses_to_replace_a_file_unless_told(tiny_onnx, tmp_path, capsys):
-    training = BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5").train()
-    export_onnx(training)  # exported in eval mode (no dropout), given back in the mode it had
-    assert training.training and training.lstm.training
     out = tmp_path / "exists.onnx"
     out.write_bytes(b"keep me")
     assert main(["export-onnx", str(TINY), str(out)]) == 2
@@ -159,14 +156,14 @@ def test_onnxruntime_matches_pytorch_batch_1_7_64_lengths_1_to_600(tiny, tiny_ru
             ids = tiny.batch_to_ids(sentences)
             zero = tiny.zero_state(batch)
             given = LstmState(torch.randn_like(zero.h), torch.randn_like(zero.c))
-            for state in (None, "zero", given) if batch < 64 else (given,):
+            for state in (None, "zero", given) if sum(lengths) < 100 else (given,):
                 with torch.no_grad():
                     expected = tiny(ids, state)
                 actual = tiny_runtime(ids, state)
                 _same_output(expected, actual, f"batch {batch}, lengths {lengths[:3]}, state {type(state)}")
-            # the runtime feeds only the characters the batch needs; the full width gives the same
-            full = tiny_runtime.session.run(["layers"], {"char_ids": ids.numpy()})[0]
-            _close(expected_none(tiny, ids).layers, torch.from_numpy(full), f"batch {batch}, full width")
+            if batch < 64:  # the runtime feeds only the characters needed; the full width gives the same
+                full = tiny_runtime.session.run(["layers"], {"char_ids": ids.numpy()})[0]
+                _close(expected_none(tiny, ids).layers, torch.from_numpy(full), f"batch {batch}, full width")
 
 
 def expected_none(bilm: BiLM, ids: torch.Tensor):
@@ -194,9 +191,12 @@ def test_the_runtime_feeds_only_the_characters_a_batch_needs(tiny, tiny_runtime,
 def original() -> tuple[BiLM, OnnxBiLM]:
     """A random model of the original shape (4096 / 512, 2 highway layers) with a start state."""
     torch.manual_seed(2)
-    bilm = BiLM(preset("original")).eval()
+    bilm = BiLM(preset("original"))
+    assert bilm.training
     bilm.start_state = LstmState(0.3 * torch.randn(2, 2, 512), torch.randn(2, 2, 4096))
-    return bilm, OnnxBiLM(export_onnx(bilm), bilm)
+    runtime = OnnxBiLM(export_onnx(bilm), bilm)  # exported in eval mode (no dropout) ...
+    assert bilm.training and bilm.lstm.training  # ... and given back in the mode it had
+    return bilm.eval(), runtime
 
 
 @pytest.mark.parametrize("lengths", [[1], [16], [5, 1, 9, 3, 8, 2, 6]])

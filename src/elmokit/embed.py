@@ -313,7 +313,7 @@ class Embedder:
         self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
         # backend "onnxruntime": batches run through an exported file (elmokit.onnx_export)
         self.onnx = None
-        if backend != "torch" or int8:
+        if backend != "torch" or int8 or onnx_file is not None:
             self.onnx = _onnx_backend(backend, bilm, onnx_file, dtype, int8)
         if asked_warm and bilm.start_state is None:
             warnings.warn(
@@ -548,7 +548,8 @@ def _onnx_backend(
     if backend not in ("torch", "onnxruntime"):
         raise ValueError(f"backend must be torch or onnxruntime, got {backend!r}")
     if backend != "onnxruntime":
-        raise ValueError("dtype int8 runs on the onnxruntime backend: pass backend='onnxruntime'")
+        what = "dtype int8" if int8 else f"onnx_file {onnx_file}"
+        raise ValueError(f"{what} runs on the onnxruntime backend: pass backend='onnxruntime'")
     if _device(bilm).type != "cpu" or dtype != torch.float32:
         raise ValueError("backend onnxruntime runs on the CPU in float32 or int8: pass device='cpu'")
     from .onnx_export import OnnxBiLM, export_onnx, quantize_int8

@@ -13,9 +13,11 @@ what it gives:
   its last position (</S>), usable as the next call's initial state.
 
 Batch and length are dynamic, and the graph handles any length: each LSTM layer is one ONNX
-``Scan`` (``elmokit.scan_lstm``). The token encoder runs over the full character width (the plain
-form of ``CharCNN``'s exact shortcuts). The file records a fingerprint of the weights it was
-exported from, and ``OnnxBiLM`` refuses to pair it with another model.
+``Scan`` (``elmokit.scan_lstm``). The token encoder runs over the characters it is given (the
+plain form of ``CharCNN``: a convolution, its max over positions); the char width is dynamic too,
+and ``OnnxBiLM`` feeds only the characters a batch needs (``_CharTrim``, exact). The file
+records a fingerprint of the weights it was exported from, and ``OnnxBiLM`` refuses to pair it
+with another model.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class _Graph(nn.Module):
         self.bilm = bilm
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
-        """The token encoder over the full character width: (n, input_width) -> (n, projection_dim)."""
+        """The token encoder over the characters given: (n, width) -> (n, projection_dim)."""
         encoder = self.bilm.token_encoder
         cnn = encoder.char_cnn
         chars = ids if encoder.word_embedding is None else ids[:, :-1]

@@ -320,6 +320,22 @@ def test_files_that_are_not_an_export_are_named_in_one_line(tiny_onnx, tmp_path,
     assert not output.exists()
     assert main([*args, "--backend", "onnxruntime", "--onnx", str(tmp_path / "none.onnx")]) == 2
     assert capsys.readouterr().err == f"elmokit: error: ONNX file not found: {tmp_path / 'none.onnx'}\n"
+    assert main([*args, "--backend", "onnxruntime", "--onnx", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"elmokit: error: {tmp_path} is a folder, not an ONNX file\n"
+    assert main([*args, "--onnx", str(bad)]) == 2  # an ONNX file without the onnxruntime backend
+    assert "runs on the onnxruntime backend: pass backend='onnxruntime'" in capsys.readouterr().err
+
+
+def test_without_the_onnx_extra_the_commands_say_what_to_install(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
+    out = tmp_path / "x.onnx"
+    assert main(["export-onnx", str(TINY), str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "elmokit: error: export-onnx needs the package onnxruntime: pip install 'elmokit[onnx]'\n"
+    )
+    assert not out.exists()
 
 
 def test_unsupported_settings_are_refused(tiny, tiny_runtime):

@@ -404,6 +404,8 @@ class OnnxBiLM:
 
 
 def _read_file(path: Path) -> bytes:
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not an ONNX file")
     if not path.is_file():
         raise FileNotFoundError(f"ONNX file not found: {path}")
     return path.read_bytes()

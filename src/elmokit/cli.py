@@ -368,6 +368,19 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_onnx_command(args: argparse.Namespace) -> int:
+    """Write a model as one ONNX graph (elmokit.onnx_export): dynamic batch and length, state in
+    and out, the start state inside."""
+    from .atomic import check_output
+    from .onnx_export import export_onnx, require_onnx
+
+    require_onnx("export-onnx")
+    check_output(args.output, args.overwrite)  # before the model is read
+    data = export_onnx(load_bilm(args.model), args.output, args.overwrite, int8=args.int8)
+    print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
+    return 0
+
+
 def _embedder(args: argparse.Namespace):
     from .devices import process_device
     from .distributed import world_size
@@ -381,6 +394,8 @@ def _embedder(args: argparse.Namespace):
         mode=args.mode if args.command == "embed" else None,  # token vectors have no LSTM state
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
         dtype=args.dtype,
+        backend=getattr(args, "backend", "torch"),
+        onnx_file=getattr(args, "onnx", None),
     )
 
 
@@ -446,10 +461,10 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "int8"],
         default="float32",
         help="bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with AVX-512 bf16 (slower at batch 1), "
-        "cosine 0.9999 to float32",
+        "cosine 0.9999 to float32; int8: with --backend onnxruntime, int8 matmuls (docs/export.md)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
@@ -723,6 +738,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-sentence-index", action="store_true", help="do not write the sentence_to_index dataset"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime"],
+        default="torch",
+        help="onnxruntime: run an ONNX export of the model on the CPU (needs elmokit[onnx])",
+    )
+    p.add_argument("--onnx", help="with --backend onnxruntime: the model's file from export-onnx")
     _nproc_argument(p)
     p.set_defaults(func=embed_command)
 
@@ -848,6 +870,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
     _add_checkpoint_choice(p)
     p.set_defaults(func=export_command)
+
+    p = sub.add_parser("export-onnx", help="write a model as one ONNX graph (dynamic shapes, LSTM state)")
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("output", help="the .onnx file to write")
+    p.add_argument("--int8", action="store_true", help="int8 matmuls (approximate; docs/export.md)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.set_defaults(func=export_onnx_command)
 
     p = sub.add_parser(
         "score",

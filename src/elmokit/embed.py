@@ -253,11 +253,17 @@ class Embedder:
     ``max_tokens_per_batch`` tokens (padding included). ``dtype`` "bfloat16" (or "bf16", or
     ``torch.bfloat16``) runs the model in bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with
     AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (README, "Speed");
-    float32 is the default. A BiLM passed in is never changed: when it is on another device or
-    dtype the Embedder runs a copy, and it runs in eval mode only for the duration of a batch.
+    float32 is the default; "int8" (with ``backend`` "onnxruntime") runs the exported graph
+    with int8 matmuls (opt-in, approximate: docs/export.md). A BiLM passed in is never changed:
+    when it is on another device or dtype the Embedder runs a copy, and it runs in eval mode only
+    for the duration of a batch.
     ``mode`` None (default) is "warm", which starts from zeros for a model without a start state;
     asking for "warm" explicitly of such a model gives a UserWarning. ``device`` None is cuda
     when there is a GPU, else the model's device; a device this machine lacks is a ValueError.
+    ``backend`` "onnxruntime" (the ``onnx`` extra) runs each batch through an ONNX export of the
+    model (``onnx_file``, made by ``elmokit export-onnx`` from the same weights, or the model
+    exported in memory when None) on the CPU in float32, with the same modes, batching and outputs
+    (docs/export.md: within 1e-5 of the torch backend).
     """
 
     def __init__(
@@ -269,8 +275,12 @@ class Embedder:
         max_tokens_per_batch: int | None = None,
         token_cache_size: int = 100_000,
         dtype: str | torch.dtype = torch.float32,
+        backend: str = "torch",
+        onnx_file: str | os.PathLike | None = None,
     ) -> None:
         asked_warm = mode == "warm"
+        int8 = dtype == "int8"  # onnxruntime's int8 graph (backend onnxruntime); the model stays float32
+        dtype = torch.float32 if int8 else dtype
         mode = "warm" if mode is None else mode
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -287,7 +297,7 @@ class Embedder:
         else:
             bilm = load_bilm(model)  # any form: name, folder, .zip, URL; None: the default
         if device is None:
-            device = "cuda" if torch.cuda.is_available() else _device(bilm)
+            device = "cuda" if torch.cuda.is_available() and backend == "torch" else _device(bilm)
         device = resolve_device(device)
         weight = next(bilm.parameters())
         if weight.device != device or weight.dtype != dtype:
@@ -301,6 +311,10 @@ class Embedder:
         self.carried = CarriedState() if mode == "stateful" else None
         self.cache = TokenCache(self.bilm, token_cache_size)
         self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
+        # backend "onnxruntime": batches run through an exported file (elmokit.onnx_export)
+        self.onnx = None
+        if backend != "torch" or int8 or onnx_file is not None:
+            self.onnx = _onnx_backend(backend, bilm, onnx_file, dtype, int8)
         if asked_warm and bilm.start_state is None:
             warnings.warn(
                 "the model has no start state, so warm mode starts every sentence from zero states "
@@ -319,6 +333,13 @@ class Embedder:
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One float32 array (num_layers, n_tokens, dim) per sentence, in the given order."""
         _check_sentences(sentences)
+        if self.onnx is not None:  # the start state (warm) is the one held in the file
+            ids = self.bilm.batch_to_ids(sentences)
+            zeros = torch.zeros(0)
+            out = self.onnx(ids, None if self.mode == "warm" else self._initial_state(len(sentences), zeros))
+            if self.carried is not None:
+                self.carried.update(out.state)
+            return self._to_host(out.layers, [len(s) for s in sentences])
         lengths = torch.tensor([len(s) + 2 for s in sentences])
         steps = int(lengths.max())
         bos, eos = self.bilm.boundary_tokens
@@ -517,6 +538,29 @@ class Embedder:
     def encode_token_block(self, tokens: list[str]) -> np.ndarray:
         """float32 (n_tokens, projection_dim): one block of ``embed_tokens_file``."""
         return self.bilm.encode_tokens(tokens).float().cpu().numpy()
+
+
+def _onnx_backend(
+    backend: str, bilm: BiLM, onnx_file: str | os.PathLike | None, dtype: torch.dtype, int8: bool
+):
+    """The runner of backend "onnxruntime": ``onnx_file`` (checked against ``bilm``'s weights), or
+    ``bilm`` exported in memory when None; ``int8``: its int8 graph. CPU only."""
+    if backend not in ("torch", "onnxruntime"):
+        raise ValueError(f"backend must be torch or onnxruntime, got {backend!r}")
+    if backend != "onnxruntime":
+        what = "dtype int8" if int8 else f"onnx_file {onnx_file}"
+        raise ValueError(f"{what} runs on the onnxruntime backend: pass backend='onnxruntime'")
+    if _device(bilm).type != "cpu" or dtype != torch.float32:
+        raise ValueError("backend onnxruntime runs on the CPU in float32 or int8: pass device='cpu'")
+    from .onnx_export import OnnxBiLM, export_onnx, quantize_int8
+
+    data = export_onnx(bilm, int8=int8) if onnx_file is None else onnx_file
+    runner = OnnxBiLM(data, bilm)
+    if runner.dtype != ("int8" if int8 else "float32"):
+        if not int8:
+            raise ValueError(f"{onnx_file} is an {runner.dtype} export: pass dtype='int8' to run it")
+        runner = OnnxBiLM(quantize_int8(Path(onnx_file).read_bytes()), bilm)
+    return runner
 
 
 def _vocabulary_tokens(vocab_path: str | os.PathLike) -> list[str]:

@@ -1,0 +1,128 @@
+"""The onnxruntime backend and its int8 graph against PyTorch, interleaved in one process.
+
+    python benchmarks/bench_onnx.py --sentences FILE [--shape small] [--threads 2]
+        [--n-sentences 200] [--rounds 5] [--cosine-model elmo-news-512] [--json OUT]
+
+For a random model of a published shape (speed does not depend on the weights), three Embedders
+on the same model: ``torch`` (float32, the default path), ``onnxruntime`` (float32, the exported
+graph) and ``int8`` (the graph with int8 matmuls). Each round runs every variant once on the same
+sentences, in turn, at batch 1 (one sentence per call, ``embed_sentence``) and at batch 64
+(``embed_sentences``); the median over the rounds is reported in tokens/s, with the load average
+before and after. With ``--cosine-model``, also the accuracy of int8 on a real model: per layer, the
+mean and minimum cosine of each token's int8 vector to its float32 vector on the sentences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from bench_bilm import read_sentences
+
+from elmokit import Embedder
+from elmokit.bilm import BiLM
+from elmokit.options import preset
+
+VARIANTS = {
+    "torch": {},
+    "onnxruntime": {"backend": "onnxruntime"},
+    "int8": {"backend": "onnxruntime", "dtype": "int8"},
+}
+
+
+def _batch1(embedder: Embedder, sentences: list[list[str]]) -> Callable[[], None]:
+    def run() -> None:
+        for sentence in sentences:
+            embedder.embed_sentence(sentence)
+
+    return run
+
+
+def _batch64(embedder: Embedder, sentences: list[list[str]]) -> Callable[[], None]:
+    def run() -> None:
+        for _ in embedder.embed_sentences(sentences):
+            pass
+
+    return run
+
+
+def speed(bilm: BiLM, sentences: list[list[str]], rounds: int) -> dict[str, dict[str, float]]:
+    """Median tokens/s of every variant at batch 1 and batch 64, interleaved round by round."""
+    tokens = sum(len(s) for s in sentences)
+    embedders = {name: Embedder(bilm, batch_size=64, mode="zero", **kw) for name, kw in VARIANTS.items()}
+    runs = {
+        (name, label): make(embedder, sentences)
+        for name, embedder in embedders.items()
+        for label, make in (("batch1", _batch1), ("batch64", _batch64))
+    }
+    for run in runs.values():  # warm-up
+        run()
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
+    for _ in range(rounds):
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[key].append(time.perf_counter() - start)
+    result: dict[str, dict[str, float]] = {}
+    for (name, label), seconds in times.items():
+        result.setdefault(name, {})[label] = tokens / statistics.median(seconds)
+    return result
+
+
+def cosines(model: str, sentences: list[list[str]]) -> dict[str, list[float]]:
+    """Per layer, the mean and minimum cosine of int8 token vectors to float32 ones."""
+    from elmokit.sources import load_bilm
+
+    bilm = load_bilm(model)
+    float32 = np.concatenate(list(Embedder(bilm).embed_sentences(sentences)), axis=1)
+    int8 = Embedder(bilm, backend="onnxruntime", dtype="int8").embed_sentences(sentences)
+    quantized = np.concatenate(list(int8), axis=1)
+    cos = (float32 * quantized).sum(-1) / (
+        np.linalg.norm(float32, axis=-1) * np.linalg.norm(quantized, axis=-1)
+    )
+    return {"mean": cos.mean(axis=1).tolist(), "min": cos.min(axis=1).tolist(), "tokens": int(cos.shape[1])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sentences", required=True, help="text file, one whitespace-tokenized sentence a line")
+    p.add_argument("--shape", default="small", help="a preset: tiny, small, medium, original")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--n-sentences", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--cosine-model", help="also measure int8's cosine to float32 on this model")
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    sentences = read_sentences(args.sentences, args.n_sentences)
+    report: dict = {
+        "shape": args.shape,
+        "threads": args.threads,
+        "sentences": len(sentences),
+        "tokens": sum(len(s) for s in sentences),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_before": os.getloadavg(),
+    }
+    torch.manual_seed(0)
+    bilm = BiLM(preset(args.shape)).eval()
+    report["tokens_per_second"] = speed(bilm, sentences, args.rounds)
+    report["load_after"] = os.getloadavg()
+    if args.cosine_model:
+        report["int8_cosine"] = cosines(args.cosine_model, sentences)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            out.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,8 @@ import json
 import logging
 import os
 import re
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -896,6 +898,8 @@ def serve(
         "lifespan": "on",
     }
     bound = sock.getsockname()[1]
+    stopped_by: list[int] = []
+    replayed = _note_signals(stopped_by)
     try:
         if workers > 1:
             os.environ[CONFIG_ENV] = config.to_json()
@@ -921,6 +925,25 @@ def serve(
         uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
     finally:
         sock.close()
+        for signum, handler in replayed.items():
+            signal.signal(signum, handler)
+    if stopped_by:
+        log.info("stopped by %s after answering the requests in flight", signal.Signals(stopped_by[0]).name)
+
+
+def _note_signals(stopped_by: list[int]) -> dict[int, Any]:
+    """Make SIGINT and SIGTERM append to ``stopped_by``; returns the handlers they had.
+
+    uvicorn handles both while it serves (stop accepting, drain, shut down) and then raises the
+    signal again into the handlers it found: these note it, so a drained stop returns and the
+    command exits 0 instead of dying by the signal. Only in the main thread (where signals go)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def note(signum: int, frame: Any) -> None:
+        stopped_by.append(signum)
+
+    return {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}
 
 
 __all__ = [

@@ -854,6 +854,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
 def create_app_from_env() -> FastAPI:
     """The app of one ``--workers`` process: the configuration from ``ELMOKIT_SERVE_CONFIG``,
     the API key from ``ELMOKIT_API_KEY``; each process loads its own copy of the models."""
+    logging.basicConfig(level=logging.INFO, format="elmokit serve: %(message)s")
     config = ServeConfig.from_json(os.environ[CONFIG_ENV])
     return create_app(load_models(config), config, os.environ.get(API_KEY_ENV) or None)
 

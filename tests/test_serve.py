@@ -227,7 +227,14 @@ def test_a_full_queue_is_503_with_retry_after_and_the_queued_are_answered(tiny):
 # -- size limits ---------------------------------------------------------------------------------
 def test_size_limits_are_413_and_the_server_goes_on(tiny):
     app = create_app(
-        [tiny], _config(max_body_bytes=4000, max_inputs=4, max_input_tokens=20, max_request_tokens=30)
+        [tiny],
+        _config(
+            max_body_bytes=4000,
+            max_inputs=4,
+            max_input_tokens=20,
+            max_request_tokens=30,
+            max_response_values=960,
+        ),
     )
     with TestClient(app) as client:
         cases = [
@@ -241,6 +248,10 @@ def test_size_limits_are_413_and_the_server_goes_on(tiny):
             response = client.post("/v1/embeddings", json=body)
             assert response.status_code == 413, response.text
             assert message in _error(response)
+        # /embed's answer: 11 tokens x 3 layers x 32 = 1,056 numbers > 960; the top layer's 352 fit
+        big = client.post("/embed", json={"sentences": ["a " * 11]})
+        assert big.status_code == 413 and "would hold 1,056 numbers" in _error(big)
+        assert client.post("/embed", json={"sentences": ["a " * 11], "layers": "top"}).status_code == 200
         chunked = client.post("/embed", content=(b"{}" for _ in range(3000)))  # no Content-Length
         assert chunked.status_code == 413 and "larger than 4,000 bytes" in _error(chunked)
         assert client.post("/v1/embeddings", json={"input": ["a " * 20, "b " * 10]}).status_code == 200
@@ -378,7 +389,7 @@ def test_a_request_can_only_name_models_loaded_at_start(tiny, monkeypatch, tmp_p
     recorder = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=recorder.serve_forever, daemon=True).start()
     here = f"http://127.0.0.1:{recorder.server_address[1]}"
-    (tmp_path / "secret.txt").write_text("secret")
+    (tmp_path / "secret.txt").write_text("the-file-contents")
     names = [
         str(MODELS_DIR / TINY_REFERENCE),
         str(MODELS_DIR / NEWS_MODEL),
@@ -405,7 +416,7 @@ def test_a_request_can_only_name_models_loaded_at_start(tiny, monkeypatch, tmp_p
                     assert response.status_code == 404, (name, response.text)
                     message = _error(response)
                     assert "is not served here; served: elmo-tiny-reference" in message and len(message) < 200
-                    assert "secret" not in response.text.replace("secret.txt", "")
+                    assert "the-file-contents" not in response.text
     finally:
         recorder.shutdown()
     assert _Recorder.hits == []

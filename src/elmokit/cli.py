@@ -674,6 +674,7 @@ def serve_command(args: argparse.Namespace) -> int:
         max_input_tokens=args.max_input_tokens,
         max_request_tokens=args.max_request_tokens,
         max_queue=args.max_queue,
+        max_response_values=args.max_response_values,
     )
     config = ServeConfig(
         models=tuple(args.model or [DEFAULT_MODEL]),
@@ -961,6 +962,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_ranged(int, low=1),
         default=16384,
         help="tokens per request (default 16384)",
+    )
+    p.add_argument(
+        "--max-response-values",
+        type=_ranged(int, low=1),
+        default=4_000_000,
+        help="/embed: numbers in one answer (tokens x layers x dim; default 4,000,000)",
     )
     p.add_argument(
         "--tokenize",

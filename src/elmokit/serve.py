@@ -80,6 +80,7 @@ class Limits:
     max_input_tokens: int = 512  # tokens per sentence
     max_request_tokens: int = 16384  # tokens per request, all sentences together
     max_queue: int = 1024  # requests waiting for a model's worker
+    max_response_values: int = 4_000_000  # /embed: numbers in one answer (16 MB as float32)
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -700,10 +701,12 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             raise ApiError(503, "the server is not ready", headers=_RETRY)
         return model, state["batchers"][name]
 
-    async def answer(call) -> Response:
-        """Run a handler body, turning refusals into JSON errors."""
+    async def answer(call, in_thread: bool = False) -> Response:
+        """Run a handler body, turning refusals into JSON errors; ``in_thread`` renders the JSON
+        on a thread (a large answer does not hold up the event loop)."""
         try:
-            return JSONResponse(await call())
+            body = await call()
+            return await asyncio.to_thread(JSONResponse, body) if in_thread else JSONResponse(body)
         except ApiError as err:
             return err.response()
         except _ClientGone:
@@ -752,6 +755,14 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             layers = _choice(data, "layers", ("all", "top", "average"), "all")
             encoding = _choice(data, "encoding_format", ENCODINGS, "float")
             sentences = inputs.sentences(data.get("sentences"), "sentences")
+            values = sum(len(s) for s in sentences) * model.dim * (model.num_layers if layers == "all" else 1)
+            if values > limits.max_response_values:
+                raise ApiError(
+                    413,
+                    f"the answer would hold {values:,} numbers; this server gives at most "
+                    f"{limits.max_response_values:,} per request: send fewer tokens or ask for fewer layers",
+                    "sentences",
+                )
             arrays = await batcher.embed(sentences, request)
             results = []
             for tokens, array in zip(sentences, arrays):
@@ -765,7 +776,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
                 )
             return {"model": model.name, "layers": layers, "results": results}
 
-        return await answer(run)
+        return await answer(run, in_thread=True)
 
     @app.post("/score")
     async def score(request: Request) -> Response:

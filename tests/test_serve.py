@@ -609,3 +609,26 @@ def test_config_round_trips_for_worker_processes():
     with pytest.raises(ValueError, match="max-queue must be a positive integer"):
         Limits(max_queue=0)
     assert json.loads(config.to_json())["limits"]["max_queue"] == 7
+
+
+def test_a_worker_process_reads_its_configuration_and_key_from_the_environment(monkeypatch):
+    """What each `--workers` process runs: the models and limits of ELMOKIT_SERVE_CONFIG, the
+    key of ELMOKIT_API_KEY (never written into the configuration)."""
+    from elmokit.serve import API_KEY_ENV, CONFIG_ENV, create_app_from_env
+
+    config = ServeConfig(
+        models=(f"tiny={MODELS_DIR / TINY_REFERENCE}",), device="cpu", limits=Limits(max_inputs=2)
+    )
+    assert "k3y" not in config.to_json()
+    monkeypatch.setenv(CONFIG_ENV, config.to_json())
+    monkeypatch.setenv(API_KEY_ENV, "k3y")
+    with TestClient(create_app_from_env()) as client:
+        assert client.get("/v1/models").status_code == 401
+        key = {"Authorization": "Bearer k3y"}
+        assert [m["id"] for m in client.get("/v1/models", headers=key).json()["data"]] == ["tiny"]
+        assert (
+            client.post(
+                "/v1/embeddings", json={"input": ["a", "b", "c"], "model": "tiny"}, headers=key
+            ).status_code
+            == 413
+        )

@@ -250,6 +250,7 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"elmokit-serve-{model.name}")
         self._task: asyncio.Task | None = None
+        self._taken: list[_Job] = []  # the jobs of the batch being gathered or run
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -259,7 +260,7 @@ class Batcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for job in self.queue:
+        for job in [*self._taken, *self.queue]:
             if not job.future.done():
                 job.future.set_exception(ApiError(503, "the server is shutting down", headers=_RETRY))
         self.queue.clear()
@@ -330,7 +331,7 @@ class Batcher:
             while not self.queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            jobs = self._take()
+            jobs = self._taken = self._take()
             if jobs[0].call is None:  # wait up to max_wait for more sentences to batch with
                 deadline = loop.time() + self.max_wait
                 tokens = sum(j.tokens for j in jobs)
@@ -346,6 +347,7 @@ class Batcher:
             jobs = [j for j in jobs if not j.future.done()]  # cancelled by a client that left
             if jobs:
                 await self._execute(jobs, loop)
+            self._taken = []
 
     async def _execute(self, jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
         name = self.model.name

@@ -632,3 +632,34 @@ def test_a_worker_process_reads_its_configuration_and_key_from_the_environment(m
             ).status_code
             == 413
         )
+
+
+def test_several_models_in_one_process_each_answer_for_itself(tiny, reference):
+    """Two models served side by side (the second the tiny model with its LSTM weights shifted,
+    so its vectors differ): each request gets the model it names, the first by default."""
+    import copy
+
+    import torch
+
+    bilm = copy.deepcopy(tiny.embedder.bilm)
+    with torch.no_grad():
+        for p in bilm.lstm.parameters():
+            p.add_(0.01)
+    other = ServedModel("other", Embedder(bilm, device="cpu", max_tokens_per_batch=4096))
+    expected_other = Embedder(bilm, device="cpu").embed_sentence(["a", "b"])
+    with TestClient(create_app([tiny, other], _config())) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [TINY_REFERENCE, "other"]
+        answers = {
+            name: client.post(
+                "/embed", json={"sentences": ["a b"], **({"model": name} if name else {})}
+            ).json()
+            for name in (None, TINY_REFERENCE, "other")
+        }
+    assert answers[None]["model"] == TINY_REFERENCE and answers["other"]["model"] == "other"
+    np.testing.assert_allclose(
+        np.asarray(answers[None]["results"][0]["embedding"]), reference.embed_sentence(["a", "b"]), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        np.asarray(answers["other"]["results"][0]["embedding"]), expected_other, atol=1e-5
+    )
+    assert np.abs(expected_other - reference.embed_sentence(["a", "b"])).max() > 1e-3

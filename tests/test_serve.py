@@ -287,6 +287,7 @@ BAD = [
     ("/v1/embeddings", b'{"input": "a", "model": 5}', "'model' must be a string, got a number"),
     ("/v1/embeddings", b'{"input": "a", "dimensions": 8}', "'dimensions' must be 32"),
     ("/v1/embeddings", b"[" * 200_000 + b"]" * 200_000, "not valid JSON"),
+    ("/v1/embeddings", b'{"input": "a", "dimensions": ' + b"7" * 5000 + b"}", "not valid JSON"),
     ("/embed", b'{"sentences": "a", "layers": 3}', "'layers' must be one of all, top, average, got a number"),
     ("/embed", b'{"sentences": {"a": 1}}', "got an object"),
     ("/score", b'{"sentences": ["a"]}', "has no softmax"),
@@ -663,3 +664,20 @@ def test_several_models_in_one_process_each_answer_for_itself(tiny, reference):
         np.asarray(answers["other"]["results"][0]["embedding"]), expected_other, atol=1e-5
     )
     assert np.abs(expected_other - reference.embed_sentence(["a", "b"])).max() > 1e-3
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_not_an_error(tiny):
+    with running(create_app([tiny], _config())) as url:
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as raw:
+                raw.sendall(
+                    b'POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"input": '
+                )
+                time.sleep(0.2)
+        time.sleep(0.3)
+        with httpx.Client(base_url=url) as client:
+            assert client.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
+            metrics = client.get("/metrics").text
+    assert _metric(metrics, "elmokit_requests_total", endpoint="/v1/embeddings", status="500") == 0
+    assert _metric(metrics, "elmokit_requests_total", endpoint="/v1/embeddings", status="200") == 1

@@ -41,6 +41,7 @@ try:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.requests import ClientDisconnect
 except ImportError as _err:  # pragma: no cover - depends on the environment
     raise ImportError(
         f"elmokit serve needs the serve extra ({_err}); install it with: pip install 'elmokit[serve]'"
@@ -513,6 +514,8 @@ async def _read_json(request: Request, limits: Limits) -> dict:
         ) from None
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON: nested too deeply") from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise ApiError(400, f"the request body is not valid JSON: {str(err)[:120]}") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {_kind(data)}")
     return data
@@ -711,7 +714,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             return await asyncio.to_thread(JSONResponse, body) if in_thread else JSONResponse(body)
         except ApiError as err:
             return err.response()
-        except _ClientGone:
+        except (_ClientGone, ClientDisconnect):  # nobody is left to answer
             return Response(status_code=499)
         except ValueError as err:  # a check of the model library the parsing above missed
             return error_response(400, str(err))

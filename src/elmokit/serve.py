@@ -445,7 +445,7 @@ class _Guard:
 
     def __init__(self, app, api_key: str | None, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.key = api_key.encode() if api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -461,7 +461,7 @@ class _Guard:
             await send(message)
 
         try:
-            if self.expected is not None and path not in OPEN_PATHS and not self._authorized(scope):
+            if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope, self.key):
                 refusal = error_response(
                     401,
                     "this server needs an API key: send the header 'Authorization: Bearer KEY'",
@@ -474,13 +474,14 @@ class _Guard:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 
-    def _authorized(self, scope) -> bool:
+    @staticmethod
+    def _authorized(scope, key: bytes) -> bool:
+        """Whether the request carries one ``Authorization: Bearer KEY`` header (constant-time)."""
         given = [v for k, v in scope["headers"] if k == b"authorization"]
         if len(given) != 1:
             return False
-        scheme, _, key = given[0].partition(b" ")
-        assert self.expected is not None
-        return hmac.compare_digest(scheme.lower() + b" " + key.strip(), b"bearer " + self.expected[7:])
+        scheme, _, token = given[0].partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
 
 
 # -- requests -----------------------------------------------------------------------------------

@@ -157,26 +157,38 @@ def test_openai_client_and_httpx_get_the_embedders_vectors(tiny, reference):
 
 
 def test_concurrent_requests_get_what_each_gets_alone(tiny, reference):
-    """40 requests at once are batched together (fewer batches than requests) and each answer
-    equals its sentences embedded alone."""
+    """50 requests that arrive while the worker is busy go into one batch (60 sentences of
+    different lengths from different requests), and each answer equals its sentences embedded
+    alone."""
     texts = [" ".join(SENTENCES[i % len(SENTENCES)].split()[: 1 + i % 9]) + f" w{i}" for i in range(40)]
-    app = create_app([tiny], _config(max_wait_ms=100))
+    gated = Gated(tiny)
+    app = create_app([gated], _config(max_wait_ms=0))
 
-    async def drive(url: str) -> list[dict]:
+    async def drive(url: str) -> tuple[list[dict], str]:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            first = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "held"}))
+            while not gated.entered.is_set():
+                await asyncio.sleep(0.01)
             calls = [
                 client.post("/v1/embeddings", json={"input": [t], "encoding_format": "float"}) for t in texts
             ]
             calls += [client.post("/embed", json={"sentences": [t, "a b"]}) for t in texts[:10]]
-            responses = await asyncio.gather(*calls)
+            pending = [asyncio.ensure_future(c) for c in calls]
+            while (
+                _metric((await client.get("/metrics")).text, "elmokit_queue_depth", model=TINY_REFERENCE) < 50
+            ):
+                await asyncio.sleep(0.01)
+            gated.gate.set()
+            responses = [await first, *[await p for p in pending]]
             assert all(r.status_code == 200 for r in responses), [
                 r.text for r in responses if r.status_code != 200
             ]
             metrics = (await client.get("/metrics")).text
-            return [r.json() for r in responses], metrics
+            return [r.json() for r in responses[1:]], metrics
 
     with running(app) as url:
         bodies, metrics = asyncio.run(drive(url))
+    assert [len(call) for call in gated.calls] == [1, 60]
     for text, body in zip(texts, bodies):
         np.testing.assert_allclose(
             body["data"][0]["embedding"], _pooled(reference.embed_sentence(text.split())), atol=1e-5
@@ -186,9 +198,33 @@ def test_concurrent_requests_get_what_each_gets_alone(tiny, reference):
             np.testing.assert_allclose(
                 np.asarray(result["embedding"]), reference.embed_sentence(sentence), atol=1e-5
             )
-    batches = _metric(metrics, "elmokit_batch_sentences_count", model=TINY_REFERENCE)
-    assert _metric(metrics, "elmokit_batch_sentences_sum", model=TINY_REFERENCE) == 60
-    assert 1 <= batches < 50 - 10, f"{batches} batches for 50 concurrent requests: nothing was batched"
+    assert _metric(metrics, "elmokit_batch_sentences_count", model=TINY_REFERENCE) == 2
+    assert _metric(metrics, "elmokit_batch_sentences_sum", model=TINY_REFERENCE) == 61
+
+
+def test_requests_that_come_together_are_batched_without_help(tiny, reference):
+    """No gate: 30 requests sent at once with --max-wait-ms 200 share batches, with the numbers
+    each gets alone."""
+    texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(30)]
+
+    async def drive(url: str) -> tuple[list, str]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            calls = [
+                client.post("/v1/embeddings", json={"input": t, "encoding_format": "float"}) for t in texts
+            ]
+            responses = await asyncio.gather(*calls)
+            return responses, (await client.get("/metrics")).text
+
+    with running(create_app([tiny], _config(max_wait_ms=200))) as url:
+        responses, metrics = asyncio.run(drive(url))
+    for text, response in zip(texts, responses):
+        assert response.status_code == 200
+        np.testing.assert_allclose(
+            response.json()["data"][0]["embedding"],
+            _pooled(reference.embed_sentence(text.split())),
+            atol=1e-5,
+        )
+    assert _metric(metrics, "elmokit_batch_sentences_count", model=TINY_REFERENCE) < 30
 
 
 # -- load ----------------------------------------------------------------------------------------
@@ -442,9 +478,18 @@ def test_a_client_that_disconnects_while_queued_costs_nothing_further(tiny):
             first = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "held"}))
             while not gated.entered.is_set():
                 await asyncio.sleep(0.01)
-            async with httpx.AsyncClient(base_url=url, timeout=0.5) as leaving:
-                with pytest.raises(httpx.ReadTimeout):
-                    await leaving.post("/v1/embeddings", json={"input": "left before its turn"})
+            leaving = httpx.AsyncClient(base_url=url, timeout=30)
+            request = asyncio.ensure_future(
+                leaving.post("/v1/embeddings", json={"input": "left before its turn"})
+            )
+            while (
+                _metric((await client.get("/metrics")).text, "elmokit_queue_depth", model=TINY_REFERENCE) < 1
+            ):
+                await asyncio.sleep(0.01)
+            request.cancel()  # the client gives up: its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            await leaving.aclose()
             deadline = time.monotonic() + 10
             while (
                 _metric((await client.get("/metrics")).text, "elmokit_cancelled_total", model=TINY_REFERENCE)
@@ -554,7 +599,18 @@ def test_sigterm_answers_requests_in_flight_and_exits_0(reference):
             )
         )
         client.start()
-        time.sleep(0.5)  # the request waits in the batcher for company (--max-wait-ms 1500)
+        deadline = time.monotonic() + 20
+        while (
+            _metric(
+                httpx.get(f"{url}/metrics", headers=key).text,
+                "elmokit_requests_in_flight",
+                endpoint="/v1/embeddings",
+            )
+            < 1
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        # the request waits in the batcher for company (--max-wait-ms 1500)
         process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         with pytest.raises(httpx.ConnectError):  # no longer accepting

@@ -433,6 +433,9 @@ class Metrics:
             buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536),
             registry=r,
         )
+        self.in_flight = prom.Gauge(
+            "elmokit_requests_in_flight", "HTTP requests being answered", ["endpoint"], registry=r
+        )
         self.queue_depth = prom.Gauge("elmokit_queue_depth", "requests waiting", ["model"], registry=r)
         self.cancelled = prom.Counter(
             "elmokit_cancelled", "requests whose client left before the answer", ["model"], registry=r
@@ -454,6 +457,7 @@ class _Guard:
         path = scope["path"]
         endpoint = path if path in ENDPOINTS else "other"
         start, status = time.perf_counter(), [500]
+        self.metrics.in_flight.labels(endpoint).inc()
 
         async def sending(message) -> None:
             if message["type"] == "http.response.start":
@@ -471,6 +475,7 @@ class _Guard:
             else:
                 await self.app(scope, receive, sending)
         finally:
+            self.metrics.in_flight.labels(endpoint).dec()
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 

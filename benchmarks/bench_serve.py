@@ -107,7 +107,7 @@ def start_server(args: argparse.Namespace, model_dir: Path) -> tuple[subprocess.
         "--port",
         "0",
         "--threads",
-        str(args.threads),
+        str(args.server_threads or args.threads),
         "--max-batch-tokens",
         str(args.max_batch_tokens),
         "--max-wait-ms",
@@ -117,9 +117,8 @@ def start_server(args: argparse.Namespace, model_dir: Path) -> tuple[subprocess.
     ]
     if args.device:
         cmd += ["--device", args.device]
-    process = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=thread_env(args.threads)
-    )
+    env = thread_env(args.server_threads or args.threads)
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[str] = []
     assert process.stderr is not None
     for line in process.stderr:
@@ -129,6 +128,20 @@ def start_server(args: argparse.Namespace, model_dir: Path) -> tuple[subprocess.
             threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
             return process, port, lines
     raise SystemExit("the server did not start:\n" + "".join(lines))
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
 
 
 def rss_mb(pid: int) -> float:
@@ -291,7 +304,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="a second pass of this many requests (with --malformed), RSS after 1,000 and at the end",
     )
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the offline runs and the server")
+    p.add_argument(
+        "--server-threads",
+        type=int,
+        default=None,
+        help="the server's torch threads, if not --threads (its event loop needs a share of the cores too)",
+    )
     p.add_argument("--max-batch-tokens", type=int, default=4096)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
@@ -310,12 +329,19 @@ def main(argv: list[str] | None = None) -> None:
     sentences = read_sentences(args.text, args.sentences)
     n_tokens = sum(len(s.split()) for s in sentences)
     print(
-        f"{args.shape} shape, random weights, {args.threads} threads, {args.device}; {len(sentences):,} "
+        f"{args.shape} shape, random weights, {args.threads} threads (server "
+        f"{args.server_threads or args.threads}), {args.device}; {len(sentences):,} "
         f"sentences, {n_tokens / len(sentences):.1f} tokens a sentence; load average "
         f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
+    machine = f"{cpu_model()}, {os.cpu_count()} CPUs"
+    print(f"machine: {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     report: dict[str, Any] = {
+        "machine": machine,
+        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+        "load_average_start": os.getloadavg(),
+        "server_threads": args.server_threads or args.threads,
         "command": command,
         "shape": args.shape,
         "threads": args.threads,
@@ -393,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
             if code != 0:
                 print("".join(lines[-20:]), file=sys.stderr)
         print(f"server exit status after SIGTERM: {code}")
+    report["load_average_end"] = os.getloadavg()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -737,3 +737,14 @@ def test_a_client_that_leaves_while_sending_its_body_is_not_an_error(tiny):
             metrics = client.get("/metrics").text
     assert _metric(metrics, "elmokit_requests_total", endpoint="/v1/embeddings", status="500") == 0
     assert _metric(metrics, "elmokit_requests_total", endpoint="/v1/embeddings", status="200") == 1
+
+
+def test_text_is_split_on_spaces_or_tokenized_as_the_corpus_was(tiny):
+    pytest.importorskip("sacremoses")
+    for tokenize, expected in ((False, ["Hello,", "world!"]), (True, ["Hello", ",", "world", "!"])):
+        config = ServeConfig(models=(TINY_REFERENCE,), device="cpu", tokenize=tokenize)
+        with TestClient(create_app([tiny], config)) as client:
+            result = client.post("/embed", json={"sentences": ["Hello, world!"], "layers": "top"}).json()
+            assert result["results"][0]["tokens"] == expected
+            usage = client.post("/v1/embeddings", json={"input": "Hello, world!"}).json()["usage"]
+            assert usage["prompt_tokens"] == len(expected)

@@ -946,7 +946,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest wait for a batch to fill (default 5)",
     )
     p.add_argument(
-        "--max-queue", type=_ranged(int, low=1), default=1024, help="requests waiting per model; past it 503"
+        "--max-queue",
+        type=_ranged(int, low=1),
+        default=1024,
+        help="requests waiting per model (default 1024); past it 503",
     )
     p.add_argument(
         "--max-body-bytes", type=_ranged(int, low=1), default=1 << 20, help="default 1 MiB; past it 413"

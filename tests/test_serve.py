@@ -748,3 +748,18 @@ def test_text_is_split_on_spaces_or_tokenized_as_the_corpus_was(tiny):
             assert result["results"][0]["tokens"] == expected
             usage = client.post("/v1/embeddings", json={"input": "Hello, world!"}).json()["usage"]
             assert usage["prompt_tokens"] == len(expected)
+
+
+def test_without_the_serve_extra_the_command_says_what_to_install():
+    code = (
+        "import sys; sys.modules['fastapi'] = None; from elmokit.cli import main; sys.exit(main(['serve']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert done.returncode == 2
+    assert re.fullmatch(
+        r"elmokit: error: elmokit serve needs the serve extra \(.*fastapi.*\); install it with: "
+        r"pip install 'elmokit\[serve\]'\n",
+        done.stderr,
+    ), done.stderr

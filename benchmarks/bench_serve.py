@@ -2,6 +2,7 @@
 
     python benchmarks/bench_serve.py [--text GLOB] [--shape small] [--sentences 2000]
         [--clients 64] [--requests 4000] [--malformed 0.1] [--memory-requests 100000]
+        [--memory-malformed 0.1] [--server-threads N]
         [--threads 2] [--max-batch-tokens 4096] [--max-wait-ms 5] [--device cpu] [--json FILE]
 
 With random weights in a preset shape (written to a temporary model folder), measures:
@@ -302,7 +303,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--memory-requests",
         type=int,
         default=0,
-        help="a second pass of this many requests (with --malformed), RSS after 1,000 and at the end",
+        help="a second pass of this many requests, RSS after 1,000 and at the end",
+    )
+    p.add_argument(
+        "--memory-malformed", type=float, default=0.1, help="share of bad requests in the memory pass"
     )
     p.add_argument("--threads", type=int, default=2, help="torch threads of the offline runs and the server")
     p.add_argument(
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
                         pooled,
                         args.clients,
                         args.memory_requests,
-                        args.malformed,
+                        args.memory_malformed,
                         {1000: lambda: marks.setdefault("after_1000_mb", rss_mb(pid))},
                     )
                 )

@@ -279,6 +279,11 @@ def test_size_limits_are_413_and_the_server_goes_on(tiny):
             ({"input": ["a " * 21]}, "input[0] has 21 tokens; this server takes at most 20 per sentence"),
             ({"input": ["a " * 20, "b " * 11]}, "31 tokens in all; this server takes at most 30 per request"),
             ({"input": [["t"] * 21]}, "input[0] has 21 tokens"),
+            (
+                {"input": ["short " + "x" * 101]},
+                "input[0], token 1 has 101 characters; this server takes tokens of at most 100",
+            ),
+            ({"input": [["a", "é" * 101]]}, "input[0], token 1 has 101 characters"),
         ]
         for body, message in cases:
             response = client.post("/v1/embeddings", json=body)
@@ -291,6 +296,7 @@ def test_size_limits_are_413_and_the_server_goes_on(tiny):
         chunked = client.post("/embed", content=(b"{}" for _ in range(3000)))  # no Content-Length
         assert chunked.status_code == 413 and "larger than 4,000 bytes" in _error(chunked)
         assert client.post("/v1/embeddings", json={"input": ["a " * 20, "b " * 10]}).status_code == 200
+        assert client.post("/v1/embeddings", json={"input": "x" * 100}).status_code == 200
 
 
 # -- bad input -----------------------------------------------------------------------------------

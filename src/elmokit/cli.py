@@ -672,6 +672,7 @@ def serve_command(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_inputs=args.max_inputs,
         max_input_tokens=args.max_input_tokens,
+        max_token_chars=args.max_token_chars,
         max_request_tokens=args.max_request_tokens,
         max_queue=args.max_queue,
         max_response_values=args.max_response_values,
@@ -959,6 +960,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-input-tokens", type=_ranged(int, low=1), default=512, help="tokens per sentence (default 512)"
+    )
+    p.add_argument(
+        "--max-token-chars", type=_ranged(int, low=1), default=100, help="characters per token (default 100)"
     )
     p.add_argument(
         "--max-request-tokens",

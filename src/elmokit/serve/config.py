@@ -29,6 +29,7 @@ class Limits:
     max_body_bytes: int = 1 << 20
     max_inputs: int = 256  # sentences (inputs) per request
     max_input_tokens: int = 512  # tokens per sentence
+    max_token_chars: int = 100  # characters per token (the token cache keeps the tokens it has seen)
     max_request_tokens: int = 16384  # tokens per request, all sentences together
     max_queue: int = 1024  # requests waiting for a model's worker
     max_response_values: int = 4_000_000  # /embed: numbers in one answer (16 MB as float32)

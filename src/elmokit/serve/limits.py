@@ -165,6 +165,14 @@ class Inputs:
                 f"{self.limits.max_input_tokens:,} per sentence",
                 where,
             )
+        longest = max(range(len(tokens)), key=lambda j: len(tokens[j]))
+        if len(tokens[longest]) > self.limits.max_token_chars:
+            raise ApiError(
+                413,
+                f"{where}, token {longest} has {len(tokens[longest]):,} characters; this server takes "
+                f"tokens of at most {self.limits.max_token_chars:,}",
+                where,
+            )
         return tokens
 
     def sentences(self, value: Any, key: str) -> list[list[str]]:

@@ -140,8 +140,14 @@ class Batcher:
                         tokens += job.tokens
             self.metrics.queue_depth.labels(self.model.name).set(len(self.queue))
             jobs = [j for j in jobs if not j.future.done()]  # cancelled by a client that left
-            if jobs:
-                await self._execute(jobs, loop)
+            try:
+                if jobs:
+                    await self._execute(jobs, loop)
+            except Exception as err:  # a bug here must not stop the worker: fail this batch only
+                log.exception("batch of model %s failed", self.model.name)
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(err)
             self._taken = []
 
     async def _execute(self, jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> None:

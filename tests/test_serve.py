@@ -769,3 +769,49 @@ def test_without_the_serve_extra_the_command_says_what_to_install():
         r"pip install 'elmokit\[serve\]'\n",
         done.stderr,
     ), done.stderr
+
+
+class Exploding(Gated):
+    """A gated model that fails on any batch holding the token "boom"."""
+
+    def embed(self, sentences):
+        if any("boom" in s for s in sentences):
+            self.calls.append(sentences)
+            raise RuntimeError("the model failed")
+        return super().embed(sentences)
+
+
+def test_a_request_that_breaks_the_model_fails_alone(tiny, reference):
+    exploding = Exploding(tiny)
+    app = create_app([exploding], _config(max_wait_ms=0))
+
+    async def drive(url: str) -> list:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            first = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "held"}))
+            while not exploding.entered.is_set():
+                await asyncio.sleep(0.01)
+            texts = ["one fine", "it goes boom", "two fine"]
+            pending = [
+                asyncio.ensure_future(
+                    client.post("/v1/embeddings", json={"input": t, "encoding_format": "float"})
+                )
+                for t in texts
+            ]
+            while (
+                _metric((await client.get("/metrics")).text, "elmokit_queue_depth", model=TINY_REFERENCE) < 3
+            ):
+                await asyncio.sleep(0.01)
+            exploding.gate.set()
+            answers = [await first, *[await p for p in pending]]
+            answers.append(await client.post("/v1/embeddings", json={"input": "after"}))
+            return answers
+
+    with running(app) as url:
+        held, one, boom, two, after = asyncio.run(drive(url))
+    assert [r.status_code for r in (held, one, boom, two, after)] == [200, 200, 500, 200, 200]
+    assert _error(boom) == "internal error; the server log has its details"
+    for text, answer in (("one fine", one), ("two fine", two)):
+        np.testing.assert_allclose(
+            answer.json()["data"][0]["embedding"], _pooled(reference.embed_sentence(text.split())), atol=1e-5
+        )
+    assert [len(c) for c in exploding.calls] == [1, 3, 1, 1, 1, 1]  # the batch of 3, then each alone

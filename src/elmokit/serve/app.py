@@ -351,7 +351,8 @@ def serve(
     except OSError as err:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    sock.listen(2048)
+    # bound now, so that a port in use is an error before the models load; uvicorn listens on it
+    # once they are loaded and warmed up (until then a connection is refused, not left waiting)
     options: dict[str, Any] = {
         "timeout_graceful_shutdown": drain_seconds,
         "log_level": "info",

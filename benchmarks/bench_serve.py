@@ -118,13 +118,17 @@ def start_server(args: argparse.Namespace, model_dir: Path) -> tuple[subprocess.
     ]
     if args.device:
         cmd += ["--device", args.device]
+    if args.workers > 1:
+        cmd += ["--workers", str(args.workers)]
     env = thread_env(args.server_threads or args.threads)
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[str] = []
     assert process.stderr is not None
     for line in process.stderr:
         lines.append(line)
-        if "Application startup complete" in line:
+        if "Application startup complete" in line and (
+            args.workers == 1 or sum("Application startup complete" in x for x in lines) == args.workers
+        ):
             port = int(next(m.group(1) for x in lines if (m := re.search(r"http://[^:]+:(\d+)", x))))
             threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
             return process, port, lines
@@ -315,6 +319,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="the server's torch threads, if not --threads (its event loop needs a share of the cores too)",
     )
+    p.add_argument(
+        "--workers", type=int, default=1, help="server processes (--workers); RSS is then the parent's only"
+    )
     p.add_argument("--max-batch-tokens", type=int, default=4096)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
@@ -346,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
         "load_average_start": os.getloadavg(),
         "server_threads": args.server_threads or args.threads,
+        "server_workers": args.workers,
         "command": command,
         "shape": args.shape,
         "threads": args.threads,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -158,7 +159,9 @@ class Batcher:
             sentences = [s for job in jobs for s in job.sentences or []]
             self.metrics.batch_sentences.labels(name).observe(len(sentences))
             self.metrics.batch_tokens.labels(name).observe(sum(len(s) for s in sentences))
+            start = time.perf_counter()
             outcome = await _run_on(loop, self._executor, self.model.embed, sentences)
+            self.metrics.batch_seconds.labels(name).observe(time.perf_counter() - start)
             if isinstance(outcome, BaseException) and len(jobs) > 1:  # find whose input failed
                 for job in jobs:
                     await self._execute([job], loop)
@@ -228,6 +231,13 @@ class Metrics:
             "tokens per batch",
             ["model"],
             buckets=(16, 64, 256, 1024, 2048, 4096, 8192, 16384, 65536),
+            registry=r,
+        )
+        self.batch_seconds = prom.Histogram(
+            "elmokit_batch_seconds",
+            "time the model took for a batch",
+            ["model"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
         self.in_flight = prom.Gauge(

@@ -149,6 +149,24 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def batch_figures(port: int) -> dict[str, float]:
+    """The server's batch count, sentences and model seconds so far (its /metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+
+    def value(name: str) -> float:
+        found = re.search(re.escape(name) + r"\{[^}]*\} (\S+)", text)
+        return float(found.group(1)) if found else 0.0
+
+    return {
+        "count": value("elmokit_batch_sentences_count"),
+        "sentences": value("elmokit_batch_sentences_sum"),
+        "seconds": value("elmokit_batch_seconds_sum"),
+    }
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as handle:
         for line in handle:
@@ -376,7 +394,14 @@ def main(argv: list[str] | None = None) -> None:
         try:
             report["server_rss_after_start_mb"] = rss_mb(process.pid)
             asyncio.run(drive(port, sentences, pooled, args.clients, 4 * args.clients, 0.0, {}))  # warm-up
+            before = batch_figures(port)
             run = asyncio.run(drive(port, sentences, pooled, args.clients, args.requests, args.malformed, {}))
+            after = batch_figures(port)
+            batches = {k: after[k] - before[k] for k in after}
+            run["batches"] = batches["count"]
+            run["mean_batch_sentences"] = batches["sentences"] / max(batches["count"], 1)
+            run["model_seconds"] = batches["seconds"]
+            run["sentences_per_model_second"] = batches["sentences"] / max(batches["seconds"], 1e-9)
             report["server"] = run
             ratio_batch = run["good_per_s"] / base["batch64_sentences_per_s"]
             ratio_single = run["good_per_s"] / base["one_per_call_sentences_per_s"]
@@ -390,6 +415,12 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"  = {ratio_batch:.0%} of offline batch 64 (goal 75%), {ratio_single:.2f}x the offline "
                 f"one-per-call rate (goal 3x); load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
+                flush=True,
+            )
+            print(
+                f"  batches (one worker's /metrics): {run['batches']:.0f}, {run['mean_batch_sentences']:.1f} "
+                f"sentences on average; model time {run['model_seconds']:.1f} s of {run['seconds']:.1f} s, "
+                f"{run['sentences_per_model_second']:,.1f} sentences per second of model time",
                 flush=True,
             )
             for error in run["first_errors"]:

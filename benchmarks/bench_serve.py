@@ -428,6 +428,19 @@ def main(argv: list[str] | None = None) -> None:
             if args.memory_requests:
                 marks: dict[str, float] = {}
                 pid = process.pid
+                start = time.perf_counter()
+
+                def mark(n: int):
+                    def note() -> None:  # printed as it goes, so a stopped pass still tells its figures
+                        marks[f"after_{n}_mb"] = rss_mb(pid)
+                        print(
+                            f"  memory pass: server RSS {marks[f'after_{n}_mb']:.0f} MB after {n:,} requests "
+                            f"({time.perf_counter() - start:.0f} s)",
+                            flush=True,
+                        )
+
+                    return note
+
                 memory = asyncio.run(
                     drive(
                         port,
@@ -436,7 +449,11 @@ def main(argv: list[str] | None = None) -> None:
                         args.clients,
                         args.memory_requests,
                         args.memory_malformed,
-                        {1000: lambda: marks.setdefault("after_1000_mb", rss_mb(pid))},
+                        {
+                            n: mark(n)
+                            for n in (1000, 10_000, 25_000, 50_000, 75_000)
+                            if n < args.memory_requests
+                        },
                     )
                 )
                 marks["at_end_mb"] = rss_mb(pid)

@@ -702,6 +702,36 @@ def download_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_command(args: argparse.Namespace) -> int:
+    """Serve the models over HTTP until SIGTERM or SIGINT (elmokit.serve); exits 0 after a drain."""
+    import logging
+
+    from .serve import API_KEY_ENV, Limits, ServeConfig, serve
+
+    logging.basicConfig(level=logging.INFO, format="elmokit serve: %(message)s")
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_inputs=args.max_inputs,
+        max_input_tokens=args.max_input_tokens,
+        max_token_chars=args.max_token_chars,
+        max_request_tokens=args.max_request_tokens,
+        max_queue=args.max_queue,
+        max_response_values=args.max_response_values,
+    )
+    config = ServeConfig(
+        models=tuple(args.model or [DEFAULT_MODEL]),
+        device=args.device,
+        max_batch_tokens=args.max_batch_tokens,
+        max_wait_ms=args.max_wait_ms,
+        tokenize=args.tokenize,
+        threads=args.threads,
+        limits=limits,
+    )
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    serve(config, args.host, args.port, api_key, workers=args.workers, drain_seconds=args.drain_seconds)
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors (a missing or bad option) are one line, as every other error."""
 
@@ -942,6 +972,88 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="download again even if it is cached")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=download_command)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve models over HTTP: OpenAI-compatible /v1/embeddings, /embed, /score, /substitutes",
+        description="Serve models over HTTP, batching concurrent requests (warm mode: a sentence's "
+        "vectors do not depend on its batch). Endpoints: POST /v1/embeddings, /embed, /score, "
+        "/substitutes; GET /v1/models, /health, /ready, /metrics. Requests can name only the "
+        "models loaded here. SIGTERM stops accepting, answers the requests in flight and exits 0.",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]SPEC",
+        help=f"a model to serve (repeat for several): {MODEL_HELP}; NAME= sets the name requests "
+        f"use (default: the model's name, or the folder's). Default {DEFAULT_MODEL}",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument("--port", type=_ranged(int, low=0), default=8000, help="default 8000; 0 picks a free port")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (better: "
+        "set ELMOKIT_API_KEY, which ps does not show)",
+    )
+    p.add_argument(
+        "--max-batch-tokens", type=_ranged(int, low=1), default=4096, help="tokens per batch (default 4096)"
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=_ranged(float, low=0),
+        default=5.0,
+        help="longest wait for a batch to fill (default 5)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=_ranged(int, low=1),
+        default=1024,
+        help="requests waiting per model (default 1024); past it 503",
+    )
+    p.add_argument(
+        "--max-body-bytes", type=_ranged(int, low=1), default=1 << 20, help="default 1 MiB; past it 413"
+    )
+    p.add_argument(
+        "--max-inputs", type=_ranged(int, low=1), default=256, help="sentences per request (default 256)"
+    )
+    p.add_argument(
+        "--max-input-tokens", type=_ranged(int, low=1), default=512, help="tokens per sentence (default 512)"
+    )
+    p.add_argument(
+        "--max-token-chars", type=_ranged(int, low=1), default=100, help="characters per token (default 100)"
+    )
+    p.add_argument(
+        "--max-request-tokens",
+        type=_ranged(int, low=1),
+        default=16384,
+        help="tokens per request (default 16384)",
+    )
+    p.add_argument(
+        "--max-response-values",
+        type=_ranged(int, low=1),
+        default=4_000_000,
+        help="/embed: numbers in one answer (tokens x layers x dim; default 4,000,000)",
+    )
+    p.add_argument(
+        "--tokenize",
+        action="store_true",
+        help="tokenize text inputs as the training corpus was (default: split on spaces)",
+    )
+    p.add_argument("--threads", type=_ranged(int, low=1), default=None, help="torch threads per process")
+    p.add_argument(
+        "--workers", type=_ranged(int, low=1), default=1, help="processes, each with its own models"
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=_ranged(float, low=0),
+        default=30.0,
+        help="on SIGTERM, wait this long for requests in flight",
+    )
+    p.set_defaults(func=serve_command)
 
     from .tasks.cli import add_task_parser
 

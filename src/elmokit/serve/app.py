@@ -1,0 +1,408 @@
+"""The ASGI app of `elmokit serve` (FastAPI): its endpoints and the API key, and ``serve``, which
+runs it with uvicorn until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import prometheus_client as prom
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from ..embed import _output_array, _select_layers
+from .batcher import Batcher, Metrics
+from .config import API_KEY_ENV, CONFIG_ENV, ServeConfig, ServedModel, load_models
+from .limits import (
+    RETRY,
+    ApiError,
+    ClientGone,
+    Inputs,
+    choice,
+    encode,
+    error_response,
+    flag,
+    integer,
+    kind_of,
+    read_json,
+)
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = ("/health",)  # answered without the API key
+ENDPOINTS = (
+    "/v1/embeddings",
+    "/embed",
+    "/score",
+    "/substitutes",
+    "/v1/models",
+    "/health",
+    "/ready",
+    "/metrics",
+)
+POOLED_LAYERS = ("average", "top")  # /v1/embeddings: one vector per input
+ENCODINGS = ("float", "base64")
+MAX_K = 1000  # /substitutes: words listed per direction
+
+
+class _Guard:
+    """ASGI middleware of every HTTP request: the API key (all paths but /health) and the
+    request metrics (the endpoint label is one of ``ENDPOINTS`` or "other")."""
+
+    def __init__(self, app, api_key: str | None, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+        self.key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = path if path in ENDPOINTS else "other"
+        start, status = time.perf_counter(), [500]
+        self.metrics.in_flight.labels(endpoint).inc()
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope, self.key):
+                refusal = error_response(
+                    401,
+                    "this server needs an API key: send the header 'Authorization: Bearer KEY'",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await refusal(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        finally:
+            self.metrics.in_flight.labels(endpoint).dec()
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+
+    @staticmethod
+    def _authorized(scope, key: bytes) -> bool:
+        """Whether the request carries one ``Authorization: Bearer KEY`` header (constant-time)."""
+        given = [v for k, v in scope["headers"] if k == b"authorization"]
+        if len(given) != 1:
+            return False
+        scheme, _, token = given[0].partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
+
+
+# -- the app ------------------------------------------------------------------------------------
+def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | None = None) -> FastAPI:
+    """The ASGI app serving ``models`` (loaded and warmed up). ``api_key``: required as
+    ``Authorization: Bearer`` on every endpoint but /health."""
+    if not models:
+        raise ValueError("no model to serve")
+    by_name = {m.name: m for m in models}
+    limits, inputs = config.limits, Inputs(config.limits, config.tokenize)
+    metrics = Metrics()
+    state: dict[str, Any] = {"ready": False, "batchers": {}}
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batchers = state["batchers"] = {m.name: Batcher(m, config, metrics) for m in models}
+        for batcher in batchers.values():
+            batcher.start()
+        state["ready"] = True
+        log.info("ready: %s", ", ".join(by_name))
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            for batcher in batchers.values():
+                await batcher.stop()
+
+    app = FastAPI(title="elmokit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.metrics = metrics
+
+    def chosen(data: dict, scoring: bool = False) -> tuple[ServedModel, Batcher]:
+        name = data.get("model")
+        if name is None:
+            name = models[0].name
+        if not isinstance(name, str):
+            raise ApiError(400, f"'model' must be a string, got {kind_of(name)}", "model")
+        if name not in by_name:  # only the models loaded at start: never a path or URL
+            raise ApiError(
+                404,
+                f"model {json.dumps(name)[:80]} is not served here; served: {', '.join(by_name)}",
+                "model",
+            )
+        model = by_name[name]
+        if scoring and model.language_model is None:
+            raise ApiError(400, f"model {name} has no softmax: it cannot score or predict words", "model")
+        if not state["ready"]:
+            raise ApiError(503, "the server is not ready", headers=RETRY)
+        return model, state["batchers"][name]
+
+    async def answer(call, in_thread: bool = False) -> Response:
+        """Run a handler body, turning refusals into JSON errors; ``in_thread`` renders the JSON
+        on a thread (a large answer does not hold up the event loop)."""
+        try:
+            body = await call()
+            return await asyncio.to_thread(JSONResponse, body) if in_thread else JSONResponse(body)
+        except ApiError as err:
+            return err.response()
+        except (ClientGone, ClientDisconnect):  # nobody is left to answer
+            return Response(status_code=499)
+        except ValueError as err:  # a check of the model library the parsing above missed
+            return error_response(400, str(err))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        async def run() -> dict:
+            data = await read_json(request, limits)
+            model, batcher = chosen(data)
+            encoding = choice(data, "encoding_format", ENCODINGS, "float")
+            layers = choice(data, "layers", POOLED_LAYERS, "average")
+            dimensions = data.get("dimensions")
+            if dimensions is not None and dimensions != model.dim:
+                raise ApiError(
+                    400,
+                    f"'dimensions' must be {model.dim} (the model's), got {json.dumps(dimensions)[:20]}",
+                    "dimensions",
+                )
+            sentences = inputs.sentences(data.get("input"), "input")
+            arrays = await batcher.embed(sentences, request)
+            n = sum(len(s) for s in sentences)
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "object": "embedding",
+                        "index": i,
+                        "embedding": encode(_output_array(a, layers, "mean"), encoding),
+                    }
+                    for i, a in enumerate(arrays)
+                ],
+                "model": model.name,
+                "usage": {"prompt_tokens": n, "total_tokens": n},
+            }
+
+        return await answer(run)
+
+    @app.post("/embed")
+    async def embed(request: Request) -> Response:
+        async def run() -> dict:
+            data = await read_json(request, limits)
+            model, batcher = chosen(data)
+            layers = choice(data, "layers", ("all", "top", "average"), "all")
+            encoding = choice(data, "encoding_format", ENCODINGS, "float")
+            sentences = inputs.sentences(data.get("sentences"), "sentences")
+            values = sum(len(s) for s in sentences) * model.dim * (model.num_layers if layers == "all" else 1)
+            if values > limits.max_response_values:
+                raise ApiError(
+                    413,
+                    f"the answer would hold {values:,} numbers; this server gives at most "
+                    f"{limits.max_response_values:,} per request: send fewer tokens or ask for fewer layers",
+                    "sentences",
+                )
+            arrays = await batcher.embed(sentences, request)
+            results = []
+            for tokens, array in zip(sentences, arrays):
+                selected = _select_layers(array, layers)
+                results.append(
+                    {
+                        "tokens": tokens,
+                        "shape": list(selected.shape),
+                        "embedding": encode(selected, encoding),
+                    }
+                )
+            return {"model": model.name, "layers": layers, "results": results}
+
+        return await answer(run, in_thread=True)
+
+    @app.post("/score")
+    async def score(request: Request) -> Response:
+        async def run() -> dict:
+            from ..scoring import score_sentences
+
+            data = await read_json(request, limits)
+            model, batcher = chosen(data, scoring=True)
+            per_token = flag(data, "per_token")
+            sentences = inputs.sentences(data.get("sentences"), "sentences")
+
+            def compute() -> list[dict]:
+                scores = score_sentences(model.language_model, model.vocab, sentences)
+                return [{"sentence": s.tokens, **s.to_dict(per_token, digits=6)} for s in scores]
+
+            return {"model": model.name, "results": await batcher.call(compute, request)}
+
+        return await answer(run)
+
+    @app.post("/substitutes")
+    async def substitutes(request: Request) -> Response:
+        async def run() -> dict:
+            from ..scoring import substitutes as predict
+
+            data = await read_json(request, limits)
+            model, batcher = chosen(data, scoring=True)
+            tokens = inputs.sentence(data.get("sentence"), "sentence")
+            position = integer(data, "position", None, 0, len(tokens) - 1)
+            k = integer(data, "k", 10, 1, MAX_K)
+            found = await batcher.call(
+                lambda: predict(model.language_model, model.vocab, tokens, position, k=k), request
+            )
+            return {"model": model.name, **found.to_dict()}
+
+        return await answer(run)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": m.name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "elmokit",
+                    "dim": m.dim,
+                    "layers": m.num_layers,
+                    "softmax": m.language_model is not None,
+                }
+                for m in models
+            ],
+        }
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        if not state["ready"]:
+            return error_response(
+                503, "not ready: the models are loading or the server is stopping", headers=RETRY
+            )
+        return JSONResponse({"status": "ready", "models": list(by_name)})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(prom.generate_latest(metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
+        return error_response(
+            err.status_code, f"{request.method} {request.url.path}: {err.detail}", headers=err.headers
+        )
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, err: Exception) -> Response:
+        log.error("internal error on %s", request.url.path, exc_info=err)
+        return error_response(500, "internal error; the server log has its details")
+
+    app.add_middleware(_Guard, api_key=api_key, metrics=metrics)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """The app of one ``--workers`` process: the configuration from ``ELMOKIT_SERVE_CONFIG``,
+    the API key from ``ELMOKIT_API_KEY``; each process loads its own copy of the models."""
+    logging.basicConfig(level=logging.INFO, format="elmokit serve: %(message)s")
+    config = ServeConfig.from_json(os.environ[CONFIG_ENV])
+    return create_app(load_models(config), config, os.environ.get(API_KEY_ENV) or None)
+
+
+# -- running ------------------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def serve(
+    config: ServeConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    workers: int = 1,
+    drain_seconds: float = 30.0,
+) -> None:
+    """Load the models, listen on ``host:port`` (0: a free port, logged) and serve until
+    SIGTERM or SIGINT, which stop accepting, answer the requests in flight (for at most
+    ``drain_seconds``) and return."""
+    import socket
+
+    import uvicorn
+
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    if not is_loopback(host) and not api_key:
+        log.warning("listening on %s without an API key: anyone who reaches this port can use it", host)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    # bound now, so that a port in use is an error before the models load; uvicorn listens on it
+    # once they are loaded and warmed up (until then a connection is refused, not left waiting)
+    options: dict[str, Any] = {
+        "timeout_graceful_shutdown": drain_seconds,
+        "log_level": "info",
+        "access_log": False,
+        "lifespan": "on",
+    }
+    bound = sock.getsockname()[1]
+    stopped_by: list[int] = []
+    replayed = _note_signals(stopped_by)
+    try:
+        if workers > 1:
+            os.environ[CONFIG_ENV] = config.to_json()
+            if api_key:
+                os.environ[API_KEY_ENV] = api_key
+            log.info(
+                "serving %s on http://%s:%d with %d worker processes",
+                ", ".join(config.models),
+                host,
+                bound,
+                workers,
+            )
+            uvicorn.run(
+                "elmokit.serve.app:create_app_from_env",
+                factory=True,
+                fd=sock.fileno(),
+                workers=workers,
+                **options,
+            )
+            return
+        app = create_app(load_models(config), config, api_key)
+        log.info("serving %s on http://%s:%d", ", ".join(m for m in config.models), host, bound)
+        uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
+    finally:
+        sock.close()
+        for signum, handler in replayed.items():
+            signal.signal(signum, handler)
+    if stopped_by:
+        log.info("stopped by %s after answering the requests in flight", signal.Signals(stopped_by[0]).name)
+
+
+def _note_signals(stopped_by: list[int]) -> dict[int, Any]:
+    """Make SIGINT and SIGTERM append to ``stopped_by``; returns the handlers they had.
+
+    uvicorn handles both while it serves (stop accepting, drain, shut down) and then raises the
+    signal again into the handlers it found: these note it, so a drained stop returns and the
+    command exits 0 instead of dying by the signal. Only in the main thread (where signals go)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def note(signum: int, frame: Any) -> None:
+        stopped_by.append(signum)
+
+    return {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}

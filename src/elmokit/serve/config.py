@@ -1,0 +1,150 @@
+"""What `elmokit serve` is started with (``ServeConfig``, ``Limits``) and the models it loads
+(``ServedModel``): loaded once, at start; requests can name nothing else."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..embed import Embedder
+
+log = logging.getLogger(__name__)
+
+API_KEY_ENV = "ELMOKIT_API_KEY"
+CONFIG_ENV = "ELMOKIT_SERVE_CONFIG"  # the configuration of `--workers` processes (JSON)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+# -- configuration ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask and how many may wait; past them a request is refused (413 for
+    its size, 503 with Retry-After when the queue is full)."""
+
+    max_body_bytes: int = 1 << 20
+    max_inputs: int = 256  # sentences (inputs) per request
+    max_input_tokens: int = 512  # tokens per sentence
+    max_token_chars: int = 100  # characters per token (the token cache keeps the tokens it has seen)
+    max_request_tokens: int = 16384  # tokens per request, all sentences together
+    max_queue: int = 1024  # requests waiting for a model's worker
+    max_response_values: int = 4_000_000  # /embed: numbers in one answer (16 MB as float32)
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``elmokit serve`` is started with, except the API key (kept out of the
+    environment copy that ``--workers`` processes read: they take it from ``ELMOKIT_API_KEY``)."""
+
+    models: tuple[str, ...] = ("elmo-news-512",)
+    device: str | None = None
+    max_batch_tokens: int = 4096
+    max_wait_ms: float = 5.0
+    tokenize: bool = False
+    threads: int | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("give at least one --model")
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"--max-batch-tokens must be at least 1, got {self.max_batch_tokens}")
+        if not 0 <= self.max_wait_ms <= 10_000:
+            raise ValueError(f"--max-wait-ms must be between 0 and 10000, got {self.max_wait_ms}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {self.threads}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ServeConfig:
+        data = json.loads(text)
+        return cls(
+            **{**data, "models": tuple(data["models"]), "limits": Limits(**data["limits"])}  # type: ignore[arg-type]
+        )
+
+
+def model_name(spec: str) -> tuple[str, str]:
+    """(name served, spec loaded) of a ``--model``: ``NAME=SPEC`` names it; else a shipped or
+    known model keeps its name and a folder, archive or URL is named by its last part."""
+    head, equals, rest = spec.partition("=")
+    if equals and _NAME.fullmatch(head) and rest:
+        return head, rest
+    last = spec.rstrip("/").rsplit("/", 1)[-1]
+    name = last.removesuffix(".zip") or spec
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"--model {spec}: cannot name it from its path; give NAME={spec}")
+    return name, spec
+
+
+# -- the models ---------------------------------------------------------------------------------
+@dataclass(eq=False)
+class ServedModel:
+    """A model loaded at start: its ``Embedder`` (warm mode) and, when it has a softmax, the
+    language model and vocabulary that /score and /substitutes use (sharing the Embedder's biLM)."""
+
+    name: str
+    embedder: Embedder
+    language_model: Any = None
+    vocab: Any = None
+
+    @property
+    def dim(self) -> int:
+        return self.embedder.dim
+
+    @property
+    def num_layers(self) -> int:
+        return self.embedder.bilm.num_layers
+
+    def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        """(num_layers, n_tokens, dim) per sentence, in order, batched by length."""
+        return list(self.embedder.embed_sentences(sentences))
+
+
+def load_model(spec: str, device: str | None, max_batch_tokens: int) -> ServedModel:
+    """Load a ``--model`` (see ``model_name``) with its softmax where it has one, and warm it
+    up with one sentence."""
+    from ..scoring import load_scoring_model
+
+    name, source = model_name(spec)
+    language_model = vocab = None
+    try:
+        language_model, vocab = load_scoring_model(source, device=device)
+    except FileNotFoundError:  # no softmax (or not a language model folder): embeddings only
+        pass
+    bilm = language_model.bilm if language_model is not None else source
+    embedder = Embedder(bilm, batch_size=1024, device=device, max_tokens_per_batch=max_batch_tokens)
+    served = ServedModel(name, embedder, language_model, vocab)
+    served.embed([["warm", "up", "."]])
+    log.info(
+        "model %s: %s, %d layers of %d, %s",
+        name,
+        source,
+        served.num_layers,
+        served.dim,
+        "with a softmax (score, substitutes)" if language_model is not None else "no softmax",
+    )
+    return served
+
+
+def load_models(config: ServeConfig) -> list[ServedModel]:
+    """Every model of ``config``, loaded and warmed up; two with one name are a ValueError."""
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    names = [model_name(spec)[0] for spec in config.models]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"two --model share the name {twice[0]}; name them with NAME=SPEC")
+    return [load_model(spec, config.device, config.max_batch_tokens) for spec in config.models]

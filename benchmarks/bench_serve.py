@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import glob
 import json
 import os
 import random
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_embed import read_pool
 from common import LM1B_SHARDS, thread_env
 
 import elmokit
@@ -53,19 +53,7 @@ MODEL = "bench"
 
 def read_sentences(patterns: str, n: int) -> list[str]:
     """The first ``n`` non-blank lines (whitespace-normalised) of the files of a comma list of globs."""
-    out: list[str] = []
-    for pattern in patterns.split(","):
-        files = sorted(glob.glob(pattern.strip()))
-        if not files:
-            raise SystemExit(f"--text: no file matches {pattern!r}")
-        for path in files:
-            with open(path, encoding="utf-8") as handle:
-                for line in handle:
-                    if line.split():
-                        out.append(" ".join(line.split()))
-                        if len(out) == n:
-                            return out
-    return out
+    return [" ".join(line.split()) for line in read_pool(patterns)[:n]]
 
 
 # -- offline -------------------------------------------------------------------------------------

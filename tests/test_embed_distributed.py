@@ -289,15 +289,14 @@ def test_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    monkeypatch.delenv("ELMOKIT_GPUS", raising=False)
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert process_device(None) == process_device("cuda") == torch.device("cuda:1")
     assert process_device("cuda:3") == torch.device("cuda:3")  # as given
     assert process_device("cpu") == torch.device("cpu")
-    monkeypatch.setenv("ELMOKIT_GPUS", "0,2")
-    assert process_device(None) == torch.device("cuda:2")
+    assert process_device(None, gpus=(0, 2)) == torch.device("cuda:2")
     assert chosen == [torch.device(f"cuda:{i}") for i in (1, 1, 3, 2)]
-    monkeypatch.delenv("ELMOKIT_GPUS")
+    with pytest.raises(ValueError, match=r"^the process of local rank 1 has no GPU in the list \[3\]"):
+        process_device(None, gpus=(3,))
     monkeypatch.setenv("LOCAL_RANK", "5")
     with pytest.raises(
         ValueError,
@@ -306,3 +305,15 @@ def test_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
         process_device(None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
     assert process_device(None) == torch.device("cpu")
+
+
+def test_this_process_reads_torchruns_environment():
+    from elmokit.devices import Process, this_process
+
+    assert this_process({}) == Process(0, 0, 1, 0)
+    got = this_process({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert got == Process(3, 1, 4, 2) and got.distributed and not got.is_main
+    with pytest.raises(ValueError, match=r"^environment variable RANK='x' is not a whole number$"):
+        this_process({"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match=r"^RANK=4, LOCAL_RANK=0, WORLD_SIZE=2 do not fit together$"):
+        this_process({"RANK": "4", "WORLD_SIZE": "2"})

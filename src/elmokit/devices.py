@@ -1,12 +1,61 @@
-"""The one place that turns a device name (``--device``) into a checked ``torch.device``."""
+"""Which process, which rank, which device: the one place that reads torchrun's environment
+(``this_process``) and turns a device name (``--device``) into a checked ``torch.device``."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
+__all__ = ["SUPPORTED", "Process", "process_device", "resolve_device", "this_process"]
+
 SUPPORTED = "cpu, cuda or cuda:N"
+
+
+@dataclass(frozen=True)
+class Process:
+    """This process among the processes that share a job (torchrun's RANK, LOCAL_RANK,
+    WORLD_SIZE; ``restart``: TORCHELASTIC_RESTART_COUNT, how often the group was restarted)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    restart: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is process 0, the one that speaks and merges."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """Whether other processes share the job."""
+        return self.world_size > 1
+
+
+def this_process(environ: Mapping[str, str] | None = None) -> Process:
+    """Which process this is, read from the environment torchrun (or ``elmokit train --gpus``)
+    gives each process; a single process (rank 0 of 1) without it. A value that is not a
+    number is a ValueError naming the variable."""
+    env = os.environ if environ is None else environ
+
+    def number(name: str, default: int) -> int:
+        text = env.get(name)
+        if text is None or text.strip() == "":
+            return default
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"environment variable {name}={text!r} is not a whole number") from None
+
+    world_size = number("WORLD_SIZE", 1)
+    rank = number("RANK", 0)
+    local_rank = number("LOCAL_RANK", 0)
+    if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
+        raise ValueError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not fit together")
+    return Process(rank, local_rank, world_size, number("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -39,17 +88,28 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     raise ValueError(f"device {str(device)!r} is not supported: use {SUPPORTED}")
 
 
-def process_device(device: str | torch.device | None = None) -> torch.device:
-    """The device of this process among several (torchrun's LOCAL_RANK in the environment):
-    for ``cuda`` or None on a machine with a GPU, ``cuda:LOCAL_RANK``, or the LOCAL_RANK-th GPU
-    of ELMOKIT_GPUS ("0,2"); anything else as ``resolve_device`` gives it (None without a GPU:
-    cpu). The GPU is made this process's current device."""
+def process_device(
+    device: str | torch.device | None = None,
+    gpus: Sequence[int] | None = None,
+    process: Process | None = None,
+) -> torch.device:
+    """The device of this process among several: for ``cuda`` or None on a machine with a GPU,
+    ``cuda:LOCAL_RANK``, or the LOCAL_RANK-th GPU of ``gpus`` ((0, 2): local rank 1 takes
+    cuda:2); anything else as ``resolve_device`` gives it (None without a GPU: cpu). The GPU is
+    made this process's current device. ``process``: by default ``this_process()``."""
     cuda = torch.cuda.is_available()
     hint = ""
     if (device is None and cuda) or str(device) == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        gpus = os.environ.get("ELMOKIT_GPUS")
-        index = int(gpus.split(",")[local_rank]) if gpus else local_rank
+        local_rank = (this_process() if process is None else process).local_rank
+        if gpus:
+            if local_rank >= len(gpus):
+                raise ValueError(
+                    f"the process of local rank {local_rank} has no GPU in the list {list(gpus)}: "
+                    "start as many processes per machine as the list has GPUs"
+                )
+            index = int(gpus[local_rank])
+        else:
+            index = local_rank
         device = f"cuda:{index}"
         hint = (
             f" (the GPU of the process of local rank {local_rank}: start as many processes per "

@@ -226,7 +226,7 @@ def train_command(args: argparse.Namespace) -> int:
     from .checkpoints import CONFIG_FILE
     from .devices import this_process
     from .training.config import TrainingError, config_from_options, resume_config, train_options
-    from .training.launch import launch, messages_to
+    from .training.launch import launch
 
     given = {name: getattr(args, name) for name, _, _ in train_options()}
     resume = args.resume or args.resume_from is not None  # from a named checkpoint is resuming
@@ -240,14 +240,9 @@ def train_command(args: argparse.Namespace) -> int:
                 args.parser.error("--train and --vocab are required (unless --resume)")
             given["options"] = _read_config(args.options or "small") if not args.init_from else {}
             config = config_from_options(given)
-        with messages_to(sys.stdout):
-            outcome = launch(
-                config,
-                resume=resume,
-                processes=args.nproc,
-                new_data=args.new_data,
-                resume_from=args.resume_from,
-            )
+        outcome = launch(
+            config, resume=resume, processes=args.nproc, new_data=args.new_data, resume_from=args.resume_from
+        )
     except (TrainingError, OSError) as err:
         return _fail(err)
     except KeyboardInterrupt as err:  # a second signal (Interrupted), or one before training
@@ -821,9 +816,10 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train a biLM with the original recipe",
         description="Train a biLM. With --resume, the run in --save-dir continues with its own "
-        f"configuration; only {', '.join(option_name(n) for n in RESUMABLE)}, --gpus and --nproc "
-        "may change (other options, if given, must equal the run's). Exit status: 0 when a limit "
-        "ended the run, 128 + N when signal N stopped it early (it can be resumed), 2 on an error.",
+        f"configuration; only {', '.join(option_name(n) for n in RESUMABLE)} may change (other "
+        "options, if given, must equal the run's; --gpus or --nproc are given again, for as many "
+        "processes). Exit status: 0 when a limit ended the run, 128 + N when signal N stopped it "
+        "early (it can be resumed), 2 on an error.",
     )
     _add_train_options(p)
     p.add_argument(

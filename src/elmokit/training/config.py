@@ -113,8 +113,8 @@ def _spec(help: str, **kw: Any) -> dict[str, OptionSpec]:
     return {"option": OptionSpec(help, **kw)}
 
 
-STOP = "when to stop (default: 10 epochs)"
 DEFAULT_EPOCHS = 10.0  # when no limit is given
+STOP = f"when to stop (default: {DEFAULT_EPOCHS:g} epochs)"
 PRECISIONS = ("fp32", "bf16")
 
 

@@ -118,14 +118,17 @@ def training(before: ModuleType, args: argparse.Namespace, folder: Path) -> dict
     trainers, streams = {}, {}
     for name, package in (("before", "elmokit_before"), ("after", "elmokit")):
         data_mod = importlib.import_module(f"{package}.data")
-        train_mod = importlib.import_module(f"{package}.train")
+        # d119d49 had one module train.py; now training/config.py and training/loop.py
+        before = name == "before"
+        config_mod = importlib.import_module(f"{package}.train" if before else "elmokit.training.config")
+        train_mod = importlib.import_module(f"{package}.train" if before else "elmokit.training.loop")
         vocab = data_mod.Vocabulary.from_file(args.vocab)
         options = preset(args.shape)
         max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token
         data = data_mod.BidirectionalLMBatches(
             data_mod.corpus_files(args.train), vocab, 32, 20, seed=0, max_characters_per_token=max_chars
         )
-        config = train_mod.TrainConfig(
+        config = config_mod.TrainConfig(
             train=args.train,
             vocab=args.vocab,
             save_dir=str(folder / f"train-{name}"),

@@ -80,7 +80,8 @@ def build_trainer(
     (trainer, batches, vocabulary)."""
     from elmokit.data import BidirectionalLMBatches, Vocabulary, corpus_files
     from elmokit.options import BiLMOptions
-    from elmokit.train import Distributed, TrainConfig, Trainer
+    from elmokit.training.config import TrainConfig
+    from elmokit.training.loop import Distributed, Trainer
 
     vocab = Vocabulary.from_file(vocab_file)
     max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token

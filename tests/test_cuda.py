@@ -13,7 +13,7 @@ import torch
 from elmokit import BiLM, Elmo, Embedder, batch_to_ids
 from elmokit.cli import main as cli_main
 from elmokit.data import BidirectionalLMBatches, Vocabulary
-from elmokit.train import Trainer, setup_distributed
+from elmokit.training.loop import Distributed, Trainer
 
 from .conftest import TINY
 from .test_train import corpus, make_config  # noqa: F401  (corpus is a fixture)
@@ -94,7 +94,7 @@ def test_training_steps_on_the_gpu_track_the_cpus(tmp_path, corpus, precision): 
     batches = iter(BidirectionalLMBatches(corpus[0], vocab, 4, 5, seed=0))
     steps = [next(batches) for _ in range(3)]
     config = make_config(tmp_path, corpus, precision=precision, dropout=0.0, n_negative_samples=1000)
-    trainers = {d: Trainer(config, None, len(vocab), setup_distributed(d)) for d in ("cpu", "cuda")}
+    trainers = {d: Trainer(config, None, len(vocab), Distributed(device=torch.device(d))) for d in ("cpu", "cuda")}
     trainers["cuda"].module.load_state_dict(trainers["cpu"].module.state_dict())
     losses = {d: [t.step(b) for b in steps] for d, t in trainers.items()}
     tolerance = 1e-5 if precision == "fp32" else 2e-2

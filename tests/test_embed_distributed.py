@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from elmokit import distributed, kernels
+from elmokit._processes import run_processes
 from elmokit.embed import Embedder
-from elmokit.launch import run_processes
 
 from .conftest import TINY
 

@@ -13,16 +13,21 @@ import pytest
 import torch
 
 from elmokit import BiLM
+from elmokit._processes import run_processes
 from elmokit.checkpoints import latest_checkpoint, load_checkpoint_file
 from elmokit.data import BidirectionalLMBatches, Vocabulary, count_tokens
 from elmokit.evaluate import evaluate_perplexity
 from elmokit.export import export_model, load_language_model
 from elmokit.language_model import LanguageModel
-from elmokit.launch import launch, run_processes
 from elmokit.options import preset
-from elmokit.train import StopRequest, TrainConfig, Trainer, TrainingError, setup_distributed, train
+from elmokit.training import loop
+from elmokit.training.config import TrainConfig, TrainingError, prepare_run, resume_config
+from elmokit.training.launch import launch
+from elmokit.training.loop import Distributed, StopRequest, Trainer, setup_distributed
 
 from .reference import run_direction, token_vector
+
+CPU = Distributed(device=torch.device("cpu"))
 
 WORDS = "the a of to in and stocks rose fell shares bank river money said year market oil".split()
 
@@ -62,6 +67,21 @@ def make_config(tmp_path: Path, corpus, **kw) -> TrainConfig:
     )
     base.update(kw)
     return TrainConfig(**base)
+
+
+def train(
+    config: TrainConfig,
+    resume: bool = False,
+    progress: bool = True,
+    new_data: bool = False,
+    resume_from: str | None = None,
+) -> loop.Outcome:
+    """A run in this process as `elmokit train` runs it: on resume the stored configuration with
+    the changes ``config`` gives, checked once (``prepare_run``), then the loop."""
+    if resume:
+        config = resume_config(config.save_dir, dataclasses.asdict(config))
+    config = prepare_run(config, resume, new_data=new_data, resume_from=resume_from)
+    return loop.train(config, resume=resume, progress=progress, new_data=new_data, resume_from=resume_from)
 
 
 def test_one_batch_loss_equals_hand_computation(tmp_path, corpus):
@@ -120,7 +140,7 @@ def test_resume_continues_exactly(tmp_path, corpus):
 
 
 def test_metrics_log_from_an_older_version_gains_the_new_columns(tmp_path):
-    from elmokit.train import _MetricsLog
+    from elmokit.training.loop import _MetricsLog
 
     path = tmp_path / "metrics.csv"
     path.write_text(
@@ -165,7 +185,7 @@ def test_non_finite_loss_stops_and_says_which_checkpoint_is_kept(tmp_path, corpu
     vocab = Vocabulary.from_file(corpus[1])
     data = BidirectionalLMBatches(corpus[0], vocab, 4, 5, seed=0)
     batches = iter(data)
-    fresh = Trainer(config, data, len(vocab), setup_distributed("cpu"))
+    fresh = Trainer(config, data, len(vocab), CPU)
     with torch.no_grad():
         fresh.model.softmax.bias.fill_(float("inf"))
     with pytest.raises(
@@ -173,7 +193,7 @@ def test_non_finite_loss_stops_and_says_which_checkpoint_is_kept(tmp_path, corpu
         match=r"^non-finite loss \(nan\) at step 1; the run stopped; it had not written a checkpoint yet$",
     ):
         fresh.step(next(batches))
-    trainer = Trainer(config, data, len(vocab), setup_distributed("cpu"))
+    trainer = Trainer(config, data, len(vocab), CPU)
     trainer.step(next(batches))
     good = trainer.save_checkpoint()
     with torch.no_grad():
@@ -214,7 +234,7 @@ def test_evaluation_windows_equal_unroll_one_and_export_round_trip(tmp_path, cor
 
 
 def test_init_from_copies_shared_softmax_rows(tmp_path, corpus):
-    from elmokit.launch import initialize_from
+    from elmokit.training.loop import initialize_from
 
     train(make_config(tmp_path, corpus, max_steps=2), progress=False)
     source, source_vocab = load_language_model(tmp_path / "run")
@@ -262,13 +282,13 @@ class FixedBatches:
         self.position = state["position"]
 
 
-def _ddp_worker(config: dict, batches, out: str) -> None:
+def _ddp_worker(config: TrainConfig, batches, out: str) -> None:
     """One of the processes that ``run_processes`` starts (it finds its rank in the environment)."""
-    run(TrainConfig(**config), batches, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), out)
+    run(config, batches, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), out)
 
 
 def run(config: TrainConfig, batches, rank: int, world_size: int, out: str) -> None:
-    env = setup_distributed("cpu")
+    env = setup_distributed(config)
     rows = batches[0]["token_ids"].shape[0] // world_size
     data = FixedBatches(batches, rank * rows, (rank + 1) * rows)
     vocab_size = len(Vocabulary.from_file(config.vocab))
@@ -284,7 +304,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, corpus):
     batches = [b for _, b in zip(range(3), BidirectionalLMBatches(corpus[0], vocab, 8, 5, seed=1))]
     config = make_config(tmp_path, corpus, dropout=0.0, n_negative_samples=1000)  # full softmax
     run(config, batches, 0, 1, str(tmp_path / "one.pt"))
-    run_processes(_ddp_worker, (dataclasses.asdict(config), batches, str(tmp_path / "two.pt")), nproc=2)
+    run_processes(_ddp_worker, (config, batches, str(tmp_path / "two.pt")), nproc=2)
     one = torch.load(tmp_path / "one.pt", weights_only=True)
     two = torch.load(tmp_path / "two.pt", weights_only=True)
     for name in one:
@@ -313,7 +333,7 @@ def test_bf16_autocast_step_runs_and_tracks_fp32(tmp_path, corpus):
     for precision in ("fp32", "bf16"):
         torch.manual_seed(0)
         config = make_config(tmp_path, corpus, precision=precision, dropout=0.0, n_negative_samples=1000)
-        trainer = Trainer(config, None, len(vocab), setup_distributed("cpu"))
+        trainer = Trainer(config, None, len(vocab), CPU)
         results[precision] = trainer.step(batch)
         assert trainer.lstm_state.h.dtype == torch.float32
     np.testing.assert_allclose(results["bf16"], results["fp32"], rtol=0.02)
@@ -327,7 +347,7 @@ def test_state_reset_zeroes_carried_states(tmp_path, corpus):
     def losses(state_reset: float, fresh_state: bool) -> list[tuple[float, float]]:
         torch.manual_seed(0)
         config = make_config(tmp_path, corpus, dropout=0.0, n_negative_samples=1000, state_reset=state_reset)
-        trainer = Trainer(config, None, len(vocab), setup_distributed("cpu"))
+        trainer = Trainer(config, None, len(vocab), CPU)
         out = []
         for batch in batches:
             if fresh_state:
@@ -344,7 +364,7 @@ def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
     """Ctrl-C (or a scheduler's SIGTERM) ends the run like max_steps: the last step is kept."""
     import signal
 
-    from elmokit.train import run_training
+    from elmokit.training.loop import run_training
 
     vocab = Vocabulary.from_file(corpus[1])
     batches = [b for _, b in zip(range(6), BidirectionalLMBatches(corpus[0], vocab, 4, 5, seed=0))]
@@ -358,7 +378,7 @@ def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
 
     config = make_config(tmp_path, corpus)
     (tmp_path / "run").mkdir()
-    trainer = Trainer(config, InterruptedBatches(batches, 0, 4), len(vocab), setup_distributed("cpu"))
+    trainer = Trainer(config, InterruptedBatches(batches, 0, 4), len(vocab), CPU)
     outcome = run_training(trainer, max_steps=None, max_time=None, progress=False)
     assert (outcome.run.step, outcome.signal, outcome.ended_by, outcome.finished) == (
         4,
@@ -373,7 +393,7 @@ def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
 def test_best_checkpoint_by_heldout_is_kept_and_exported(tmp_path, corpus, monkeypatch):
     """Checkpoints after steps 1, 2, 3 score 5, 4, 6 (the end writes none: step 3 has one):
     step 2 stays on disk as the best, step 1 is deleted, and export can take either."""
-    import elmokit.train as training
+    import elmokit.training.loop as training
 
     scores = iter([5.0, 4.0, 6.0])
 
@@ -572,7 +592,7 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
     code, out, _ = cli(
         capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--new-data", "--max-steps", 5
     )
-    assert code == 0 and "continuing step 4 on a new corpus" in out
+    assert code == 0 and out.count("continuing step 4 on a new corpus") == 1
     assert latest_checkpoint(tmp_path / "b").name == "checkpoint-000000005"
     after = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
     assert (
@@ -591,7 +611,6 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
 
 def test_committed_training_state_names_no_machine_path(tmp_path):
     """checkpoints/news-512 resumes with the data paths given (checkpoints/README.md)."""
-    from elmokit.launch import resume_config
 
     run = Path(__file__).parents[1] / "checkpoints" / "news-512"
     stored = json.loads((run / "train_config.json").read_text())
@@ -946,7 +965,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, corpu
     stays the latest, from which the run resumes."""
     import shutil
 
-    import elmokit.train as training
+    import elmokit.training.loop as training
 
     real_save = training.save_checkpoint_file
     writes = []
@@ -999,7 +1018,7 @@ def test_training_errors_are_one_line(tmp_path, corpus, capsys, monkeypatch):
     """Issue 13.19: each bad input or failure of `elmokit train` is one line and exit status 2."""
     import tempfile
 
-    import elmokit.launch
+    import elmokit.training.config
 
     data = ["--train", corpus[0], "--vocab", corpus[1]]
     (tmp_path / "empty").mkdir()
@@ -1056,7 +1075,7 @@ def test_training_errors_are_one_line(tmp_path, corpus, capsys, monkeypatch):
 
     (tmp_path / "ro").mkdir()
     with monkeypatch.context() as m:
-        m.setattr(elmokit.launch.tempfile, "TemporaryFile", read_only)
+        m.setattr(elmokit.training.config.tempfile, "TemporaryFile", read_only)
         code, _, err = cli(capsys, "train", *data, "--save-dir", tmp_path / "ro", *TINY_RUN)
     assert (code, err.strip()) == (
         2,

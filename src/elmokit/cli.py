@@ -129,34 +129,25 @@ def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int
         print(f"  {' '.join(tokens)}\n     {words}")
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in "90", "90s", "45m", "2h" or "1.5h"."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    text = text.strip().lower()
-    try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90m, 2h)") from None
+def _ranged(kind: Callable[[str], Any], low: float):
+    """An argparse type: ``kind(text)``, at least ``low``."""
+    from .training.config import Range
+
+    return _checked(kind, Range(low).problem)
 
 
-def _ranged(kind: Callable[[str], Any], name: str | None = None, low: float | None = None):
-    """An argparse type: ``kind(text)`` within the range elmokit.launch.RANGES gives the option
-    ``name`` (or at least ``low``)."""
+def _checked(kind: Callable[[str], Any], problem: Callable[[Any], str | None]):
+    """An argparse type: ``kind(text)``, refused with the reason ``problem(value)`` gives."""
 
     def parse(text: str) -> Any:
-        from .launch import RANGES, Range
-
         try:
             value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"not {'an integer' if kind is int else 'a number'}: {text!r}"
-            ) from None
-        problem = (RANGES[name] if name else Range(low)).problem(value)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
+        except ValueError as err:
+            what = {int: "an integer", float: "a number"}.get(kind)  # type: ignore[call-overload]
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}" if what else str(err)) from None
+        why = problem(value)
+        if why:
+            raise argparse.ArgumentTypeError(why)
         return value
 
     return parse
@@ -194,60 +185,63 @@ def vocab(args: argparse.Namespace) -> int:
     return 0
 
 
-# the TrainConfig fields that `elmokit train` sets (its options of the same names)
-TRAIN_FIELDS = (
-    "train",
-    "vocab",
-    "save_dir",
-    "heldout",
-    "epochs",
-    "max_steps",
-    "max_time",
-    "batch_size",
-    "unroll_steps",
-    "n_negative_samples",
-    "lr",
-    "dropout",
-    "seed",
-    "device",
-    "checkpoint_minutes",
-    "init_from",
-    "precision",
-    "state_reset",
-    "keep_checkpoints",
-)
+def _add_train_options(p: argparse.ArgumentParser) -> None:
+    """`elmokit train`'s options for the TrainConfig fields, generated from the fields: each
+    field's help, kind, range and choices (``training.config.OptionSpec``), and its default."""
+    from .training.config import check_option, option_name, train_options
+
+    groups: dict[str, Any] = {}
+    for name, spec, default in train_options():
+        target: Any = p
+        if spec.group:
+            target = groups.setdefault(spec.group, p.add_argument_group(spec.group))
+        shown = spec.default_text
+        if shown is None and default is not None:
+            shown = f"{default:g}" if isinstance(default, float) else str(default)
+        help = spec.help if shown is None or spec.group else f"{spec.help} (default {shown})"
+
+        def problem(value: Any, name: str = name) -> str | None:
+            try:
+                check_option(name, value)
+            except ValueError as err:
+                return str(err).removeprefix(option_name(name) + " ")
+            return None
+
+        kind = _checked(spec.kind, problem) if spec.kind is not str or spec.range else None
+        target.add_argument(
+            spec.option or option_name(name),
+            dest=name,
+            type=kind,
+            choices=spec.choices,
+            metavar=spec.metavar,
+            required=spec.required,
+            default=None,  # not given: the configuration's default, or the resumed run's value
+            help=help,
+        )
 
 
 def train_command(args: argparse.Namespace) -> int:
     """Train a biLM (or resume, or fine-tune from --init-from). Exits 0 when the run reached its
     limit, 128 + the signal's number when SIGINT/SIGTERM stopped it early."""
-    import signal
-
     from .checkpoints import CONFIG_FILE
-    from .launch import TrainConfig, TrainingError, launch, resume_config
+    from .devices import this_process
+    from .training.config import TrainingError, config_from_options, resume_config, train_options
+    from .training.launch import launch
 
-    given = {name: getattr(args, name) for name in TRAIN_FIELDS}
-    if args.resume_from:  # resuming from a named checkpoint is resuming
-        args.resume = True
+    given = {name: getattr(args, name) for name, _, _ in train_options()}
+    resume = args.resume or args.resume_from is not None  # from a named checkpoint is resuming
     again = _resume_command(args)
     try:
-        if args.resume:  # only what is given changes (and only what a resumed run may change)
-            given["options"] = _read_config(args.config) if args.config else {}
+        if resume:  # only what is given changes (and only what a resumed run may change)
+            given["options"] = _read_config(args.options) if args.options else {}
             config = resume_config(args.save_dir, given)
         else:
             if args.train is None or args.vocab is None:
                 args.parser.error("--train and --vocab are required (unless --resume)")
-            options = _read_config(args.config or "small") if not args.init_from else {}
-            config = TrainConfig(options=options, **{k: v for k, v in given.items() if v is not None})
-            if config.epochs is None and config.max_steps is None and config.max_time is None:
-                config.epochs = 10
+            given["options"] = _read_config(args.options or "small") if not args.init_from else {}
+            config = config_from_options(given)
         outcome = launch(
-            config,
-            resume=args.resume,
-            processes=args.nproc,
-            gpus=args.gpus,
-            new_data=args.new_data,
-            resume_from=args.resume_from,
+            config, resume=resume, processes=args.nproc, new_data=args.new_data, resume_from=args.resume_from
         )
     except (TrainingError, OSError) as err:
         return _fail(err)
@@ -264,7 +258,7 @@ def train_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 128 + signum
-    main_process = os.environ.get("RANK", "0") == "0"  # say it once under torchrun
+    main_process = this_process().is_main  # say it once under torchrun
     if not outcome.finished:
         if main_process:
             print(
@@ -272,7 +266,7 @@ def train_command(args: argparse.Namespace) -> int:
                 f"is not finished (its checkpoint is in {args.save_dir}). Resume with: {again}",
                 file=sys.stderr,
             )
-        return 128 + outcome.signal
+        return 128 + (outcome.signal or 0)
     if main_process:
         print(
             f"finished at step {outcome.run.step:,}: reached {outcome.ended_by}. Checkpoint and "
@@ -285,11 +279,13 @@ def _resume_command(args: argparse.Namespace) -> str:
     """The command that resumes the run ``args`` start."""
     import shlex
 
+    from .devices import this_process
+
     command = f"elmokit train --save-dir {shlex.quote(args.save_dir)} --resume"
-    if "WORLD_SIZE" in os.environ:  # started by torchrun
+    if this_process().distributed:  # started by torchrun
         command = command.replace("elmokit ", "torchrun [its options] -m elmokit.cli ", 1)
     if args.gpus:
-        command += f" --gpus {args.gpus}"
+        command += f" --gpus {','.join(map(str, args.gpus))}"
     elif args.nproc and args.nproc > 1:
         command += f" --nproc {args.nproc}"
     return command
@@ -473,7 +469,7 @@ def _nproc_argument(p: argparse.ArgumentParser) -> None:
     """--nproc of the commands that elmokit.distributed shares between processes."""
     p.add_argument(
         "--nproc",
-        type=_ranged(int, "nproc"),
+        type=_ranged(int, low=1),
         default=1,
         help="share the work between N processes on this machine (as torchrun --standalone "
         "--nproc-per-node N; each on cuda:LOCAL_RANK with CUDA)",
@@ -814,58 +810,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-size", type=_ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
     p.set_defaults(func=vocab)
 
+    from .training.config import RESUMABLE, option_name
+
     p = sub.add_parser(
         "train",
         help="train a biLM with the original recipe",
         description="Train a biLM. With --resume, the run in --save-dir continues with its own "
-        "configuration; only --train, --vocab, --heldout, the limits, --device, "
-        "--checkpoint-minutes, --keep-checkpoints and --precision may change (other options, if "
-        "given, must equal the run's). Exit status: 0 when a limit ended the run, 128 + N when "
-        "signal N stopped it early (it can be resumed), 2 on an error.",
+        f"configuration; only {', '.join(option_name(n) for n in RESUMABLE)} may change (other "
+        "options, if given, must equal the run's; --gpus or --nproc are given again, for as many "
+        "processes). Exit status: 0 when a limit ended the run, 128 + N when signal N stopped it "
+        "early (it can be resumed), 2 on an error.",
     )
-    p.add_argument("--train", help="glob of training text files (required unless --resume)")
-    p.add_argument("--vocab", help="vocabulary file, elmokit vocab (required unless --resume)")
-    p.add_argument("--save-dir", required=True)
+    _add_train_options(p)
     p.add_argument(
-        "--config",
-        default=None,
-        help="preset (tiny, small, medium, original; default small) or a bilm-tf options .json",
-    )
-    p.add_argument("--heldout", help="glob of held-out files (evaluated at each checkpoint)")
-    stop = p.add_argument_group("when to stop (default: 10 epochs)")
-    stop.add_argument("--epochs", type=_ranged(float, "epochs"))
-    stop.add_argument("--max-steps", type=_ranged(int, "max_steps"), help="in all, resumed steps included")
-    stop.add_argument(
-        "--max-time", type=_ranged(parse_duration, "max_time"), help="e.g. 90m, 2h (this session)"
-    )
-    p.add_argument("--batch-size", type=_ranged(int, "batch_size"), help="per process (default 128)")
-    p.add_argument("--unroll-steps", type=_ranged(int, "unroll_steps"), help="default 20")
-    p.add_argument("--n-negative-samples", type=_ranged(int, "n_negative_samples"), help="default 8192")
-    p.add_argument("--lr", type=_ranged(float, "lr"), help="Adagrad learning rate (default 0.2)")
-    p.add_argument("--dropout", type=_ranged(float, "dropout"), help="default 0.1")
-    p.add_argument("--seed", type=_ranged(int, "seed"), help="default 0")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--gpus", help="start one process per listed GPU, e.g. 0,1,2 (NCCL DDP)")
-    p.add_argument(
-        "--nproc", type=_ranged(int, "nproc"), default=1, help="start this many CPU processes (gloo DDP)"
-    )
-    p.add_argument("--checkpoint-minutes", type=_ranged(float, "checkpoint_minutes"), help="default 10")
-    p.add_argument(
-        "--keep-checkpoints",
-        type=_ranged(int, "keep_checkpoints"),
-        metavar="N",
-        help="keep the newest N checkpoints (besides the best), e.g. for export --average N (default 1)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=["fp32", "bf16"],
-        help="fp32 (default); bf16 autocasts the forward pass (GPUs and CPUs with bf16 support)",
-    )
-    p.add_argument(
-        "--state-reset",
-        type=_ranged(float, "state_reset"),
-        help="probability of zeroing a row's carried LSTM state before a window "
-        "(default 0 = original recipe; 0.01 teaches the model to start from zero)",
+        "--nproc",
+        type=_ranged(int, low=1),
+        default=1,
+        help="start this many CPU processes (gloo DDP; default 1)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
     p.add_argument(
@@ -880,7 +841,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resume and a new --train: continue weights, optimizer and step on other text, "
         "read from its beginning (without it a resumed run must keep its shards)",
     )
-    p.add_argument("--init-from", help="model folder to fine-tune from (new vocabulary allowed)")
     p.set_defaults(func=train_command, parser=p)
 
     p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")

@@ -21,7 +21,7 @@ launcher stop the others (SIGTERM: they remove their scratch files and temporary
 Stateful mode carries each batch's LSTM states into the next batch: its vectors depend on the
 file's order, so it cannot be split and is refused. ``elmokit tokens`` is shared the same way
 (blocks of ``embed.TOKEN_BLOCK`` tokens). ``--nproc N`` (``run_command``) starts the processes
-itself, through ``launch.run_processes`` (torch's elastic launcher, as torchrun).
+itself, through ``_processes.run_processes`` (torch's elastic launcher, as torchrun).
 """
 
 from __future__ import annotations
@@ -353,12 +353,12 @@ def embed_tokens_file(
 def run_command(args: argparse.Namespace) -> int:
     """``elmokit embed|tokens --nproc N``: run the command in N new processes on this machine,
     started through torch's elastic launcher as ``torchrun --standalone --nproc-per-node N``
-    would (``launch.run_processes``; each on ``cuda:LOCAL_RANK`` when it uses CUDA). Returns the
+    would (``_processes.run_processes``; each on ``cuda:LOCAL_RANK`` when it uses CUDA). Returns the
     exit status; a process that fails stops the others and raises ChildProcessError naming it
     (its own error is the line above)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from .launch import run_processes
+    from ._processes import run_processes
 
     if world_size() > 1:
         raise ValueError("under torchrun, leave out --nproc: torchrun starts the processes")

@@ -8,22 +8,24 @@ Adagrad (lr 0.2, initial accumulator 1.0); gradients clipped to a global norm of
 on each LSTM layer's input and on the top layer's output.
 
 The loop is here; the model is in language_model.py, the save dir's checkpoints in
-checkpoints.py, held-out perplexity in evaluate.py, model folders in export.py, and the run's
-configuration and processes in launch.py.
+checkpoints.py, held-out perplexity in evaluate.py, model folders in export.py, the run's
+configuration in training/config.py. Each process of a run calls ``train`` with the
+configuration ``config.prepare_run`` gave; the processes are started by the command line
+(training/launch.py) or by torchrun.
 """
 
 from __future__ import annotations
 
 import csv
 import errno
+import logging
 import math
-import os
 import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +35,14 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from .atomic import atomic_path, write_text
-from .checkpoints import (
-    BEST_POINTER,
+from ..atomic import atomic_path, write_text
+from ..checkpoints import (
     CHECKPOINT_POINTER,
     METRICS_FILES,
     VOCAB_FILE,
-    best_checkpoint,
-    checkpoint_folder,
     checkpoint_folders,
     checkpoint_name,
     keep_if_best,
-    latest_checkpoint,
     load_checkpoint_file,
     partial_folder,
     publish_checkpoint,
@@ -53,9 +51,8 @@ from .checkpoints import (
     rng_state,
     save_checkpoint_file,
     set_rng_state,
-    training_summary,
 )
-from .data import (
+from ..data import (
     HELDOUT_BATCH_SIZE,
     BidirectionalLMBatches,
     Vocabulary,
@@ -63,21 +60,13 @@ from .data import (
     count_tokens,
     heldout_batches,
 )
-from .evaluate import PERPLEXITY_PROTOCOL, Perplexity, evaluate_perplexity
-from .export import export_model, load_language_model
-from .language_model import LanguageModel, batch_tensors
-from .launch import (
-    TrainConfig,
-    TrainingError,
-    initialize_from,
-    launch,
-    prepare_run,
-    resume_config,
-    save_config,
-)
-from .lstm import LstmState
-from .options import BiLMOptions
-from .weights import SOFTMAX_FILE, load_softmax, save_softmax
+from ..devices import Process, process_device, this_process
+from ..evaluate import Perplexity, evaluate_perplexity
+from ..export import load_language_model
+from ..language_model import LanguageModel, batch_tensors
+from ..lstm import LstmState
+from ..options import BiLMOptions
+from .config import TrainConfig, TrainingError, save_config
 
 __all__ = [
     "Distributed",
@@ -85,36 +74,17 @@ __all__ = [
     "Outcome",
     "RunState",
     "StopRequest",
-    "TrainConfig",
     "Trainer",
-    "TrainingError",
+    "check_heldout",
+    "initialize_from",
     "run_training",
     "setup_distributed",
     "total_steps",
     "train",
-    # re-exported from the modules they moved to, for code that imports them from here
-    "BEST_POINTER",
-    "CHECKPOINT_POINTER",
-    "PERPLEXITY_PROTOCOL",
-    "SOFTMAX_FILE",
-    "LanguageModel",
-    "Perplexity",
-    "best_checkpoint",
-    "checkpoint_folder",
-    "evaluate_perplexity",
-    "export_model",
-    "initialize_from",
-    "latest_checkpoint",
-    "launch",
-    "load_checkpoint_file",
-    "load_language_model",
-    "load_softmax",
-    "prepare_run",
-    "resume_config",
-    "save_config",
-    "save_softmax",
-    "training_summary",
+    "truncate_log",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -184,10 +154,9 @@ class StopRequest:
                 raise Interrupted(signum)
             return
         self.signum, self._since = signum, time.monotonic()
-        print(
-            f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
-            "(send it again to stop at once)",
-            flush=True,
+        logger.warning(
+            "%s: stopping after this step with a checkpoint (send it again to stop at once)",
+            signal.Signals(signum).name,
         )
 
     def __enter__(self) -> StopRequest:
@@ -201,23 +170,19 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-def setup_distributed(device: str) -> Distributed:
-    """Join the process group that torchrun or ``--gpus``/``--nproc`` set up through the
-    environment (RANK, WORLD_SIZE, LOCAL_RANK); a single process otherwise."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return Distributed(device=torch.device(device))
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if device.startswith("cuda"):
-        gpus = os.environ.get("ELMOKIT_GPUS")
-        index = int(gpus.split(",")[local_rank]) if gpus else local_rank
-        torch.cuda.set_device(index)
-        torch_device, backend = torch.device("cuda", index), "nccl"
-    else:
-        torch_device, backend = torch.device("cpu"), "gloo"
+def setup_distributed(config: TrainConfig, process: Process | None = None) -> Distributed:
+    """This process's place in the run: its device (``devices.process_device`` of the
+    configuration's device and GPU list: with several processes, ``cuda`` is the GPU of this
+    process's local rank), joined to the process group that torchrun or ``elmokit train
+    --gpus/--nproc`` set up (NCCL on GPUs, gloo on CPUs). ``process``: ``this_process()``."""
+    process = this_process() if process is None else process
+    device = process_device(config.device, config.gpus, process)
+    if not process.distributed:
+        return Distributed(device=device)
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
-    return Distributed(rank, world_size, torch_device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=process.rank, world_size=process.world_size)
+    return Distributed(process.rank, process.world_size, device)
 
 
 @dataclass
@@ -336,7 +301,11 @@ class Trainer:
         """Full-softmax perplexity of ``config.heldout`` (main process), appended to heldout.csv."""
         result = None
         if self.config.heldout and self.env.is_main:
-            vocab = self.vocab or Vocabulary.from_file(self.config.vocab)
+            vocab = self.vocab
+            if vocab is None:
+                if self.config.vocab is None:
+                    raise TrainingError("--heldout needs the run's vocabulary: pass --vocab")
+                vocab = Vocabulary.from_file(self.config.vocab)
             start = time.monotonic()
             result = evaluate_perplexity(self.model, vocab, self.config.heldout, device=self.env.device)
             path = self.save_dir / "heldout.csv"
@@ -674,24 +643,23 @@ def train(
     progress: bool = True,
     new_data: bool = False,
     resume_from: str | None = None,
+    process: Process | None = None,
 ) -> Outcome:
-    """Run (or resume) training in this process; every DDP process calls this. On resume, the
-    save dir's stored configuration with the changes ``config`` may make (``resume_config``),
-    from the checkpoint ``latest`` names, or the one ``resume_from`` names (``checkpoint-<step>``
-    of the save dir; ``latest`` then names it); a save dir without any checkpoint starts from
-    step 0. ``new_data`` (with ``resume``): the corpus changed (more or other text); weights,
-    optimizer state and step continue, the corpus is read from its beginning and its size is
-    counted again. Returns how the session ended."""
-    if resume_from is not None and not resume:
-        raise ValueError("--resume-from continues a run: give it with --resume")
-    config = prepare_run(config, resume)
-    env = setup_distributed(config.device)
+    """Run (or resume) training in this process; every process of a run calls this, with the
+    configuration ``config.prepare_run`` gave (for a resumed run: of ``config.resume_config``).
+    A resumed run continues from the checkpoint ``latest`` names, or the one ``resume_from``
+    names (``checkpoint-<step>`` of the save dir; ``latest`` then names it); a save dir without
+    any checkpoint starts from step 0. ``new_data`` (with ``resume``): the corpus changed (more
+    or other text); weights, optimizer state and step continue, the corpus is read from its
+    beginning and its size is counted again. ``process``: ``devices.this_process()``. Returns
+    how the session ended."""
+    env = setup_distributed(config, process)
     save_dir = Path(config.save_dir)
     latest = resume_point(save_dir, resume_from) if resume else None
     if env.is_main:
         removed = remove_leftovers(save_dir)
         if removed:
-            print(f"removed what an interrupted run left in {save_dir}: {', '.join(removed)}")
+            logger.info("removed what an interrupted run left in %s: %s", save_dir, ", ".join(removed))
     own_vocab = save_dir / VOCAB_FILE
     if resume and own_vocab.is_file():
         vocab = Vocabulary.from_file(own_vocab)
@@ -700,11 +668,13 @@ def train(
     else:
         vocab = Vocabulary.from_file(config.vocab)
     files = corpus_files(config.train)
-    if new_data or config.n_train_tokens is None or (config.n_negative_samples < len(vocab) and not resume):
+    n_tokens = config.n_train_tokens
+    if new_data or n_tokens is None or (config.n_negative_samples < len(vocab) and not resume):
         counts = count_tokens(files)
         if not counts:
             raise TrainingError(f"empty corpus: {config.train} holds no tokens")
-        config.n_train_tokens = sum(counts.values())
+        n_tokens = sum(counts.values())
+        config = replace(config, n_train_tokens=n_tokens)
         if config.n_negative_samples < len(vocab) and not resume:
             vocab.check_sorted_by_frequency(counts)
     max_chars = BiLMOptions.from_dict(config.options).char_cnn.max_characters_per_token
@@ -725,22 +695,29 @@ def train(
         trainer.load_checkpoint(latest, data=not new_data)
         newer = [p.name for p in checkpoint_folders(save_dir) if p.name > latest.name]
         if newer and env.is_main:
-            print(
-                f"resuming from {latest.name}; {', '.join(newer)}, written after it by a run that "
-                "stopped before pointing 'latest' at it, will be replaced at its step"
+            logger.info(
+                "resuming from %s; %s, written after it by a run that stopped before pointing "
+                "'latest' at it, will be replaced at its step",
+                latest.name,
+                ", ".join(newer),
             )
         if new_data and env.is_main:
-            print(
-                f"continuing step {trainer.run.step:,} on a new corpus "
-                f"({config.n_train_tokens:,} tokens), from its beginning"
+            logger.info(
+                "continuing step %s on a new corpus (%s tokens), from its beginning",
+                f"{trainer.run.step:,}",
+                f"{n_tokens:,}",
             )
     else:
         if resume and env.is_main:
-            print(f"{save_dir} has no checkpoint (its run stopped before the first): starting at step 0")
+            logger.info(
+                "%s has no checkpoint (its run stopped before the first): starting at step 0", save_dir
+            )
         if config.init_from:
             shared = initialize_from(trainer.model, config.init_from, vocab)
             if env.is_main:
-                print(f"initialized from {config.init_from}: {shared}/{len(vocab)} softmax rows copied")
+                logger.info(
+                    "initialized from %s: %d/%d softmax rows copied", config.init_from, shared, len(vocab)
+                )
     if env.is_main:
         for log in METRICS_FILES:  # a log the run cannot read stops it before it writes anything
             if (save_dir / log).exists():
@@ -753,7 +730,26 @@ def train(
             write_text(save_dir / CHECKPOINT_POINTER, latest.name + "\n")
         save_config(config)  # with the changes of this session
     env.barrier()
-    steps = total_steps(config, config.n_train_tokens, env.world_size)
+    steps = total_steps(config, n_tokens, env.world_size)
     by_epochs = steps is not None and config.epochs is not None and steps != config.max_steps
     limit = f"--epochs {config.epochs:g} ({steps:,} steps)" if by_epochs else None
     return run_training(trainer, steps, config.max_time, progress=progress, step_limit=limit)
+
+
+def initialize_from(model: LanguageModel, source_dir: str | Path, vocab: Vocabulary) -> int:
+    """Start from a trained model (the original's restart for domain adaptation): copy the biLM
+    and the softmax rows of every token that both vocabularies hold. Returns that count."""
+    source, source_vocab = load_language_model(source_dir)
+    model.bilm.load_state_dict(source.bilm.state_dict())
+    new_ids, old_ids = [], []
+    for token in vocab.tokens:
+        if token in source_vocab:
+            new_ids.append(vocab.token_to_id(token))
+            old_ids.append(source_vocab.token_to_id(token))
+    softmax, source_softmax = model.softmax, source.softmax
+    if softmax is None or source_softmax is None:
+        raise TrainingError(f"--init-from {source_dir}: the model has no softmax to start from")
+    with torch.no_grad():
+        softmax.weight[new_ids] = source_softmax.weight[old_ids]
+        softmax.bias[new_ids] = source_softmax.bias[old_ids]
+    return len(new_ids)

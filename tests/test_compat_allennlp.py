@@ -23,7 +23,6 @@ from elmokit.compat import (
     install_allennlp_modules,
     resolve_model_file,
     uninstall_allennlp_modules,
-    uninstall_simple_elmo_module,
 )
 from elmokit.compat.allennlp import (
     DEFAULT_OPTIONS_FILE,
@@ -513,26 +512,6 @@ def test_a_real_allennlp_is_never_shadowed(tmp_path, monkeypatch):
     ):
         install_allennlp_modules()
     assert not any(getattr(f, "root", None) == "allennlp" for f in sys.meta_path)
-
-
-def test_readme_section_examples_run(tmp_path, monkeypatch):
-    """The Python blocks of the README's "Coming from AllenNLP / flair / bio_embeddings" section
-    (those that need flair run when it is installed)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Coming from AllenNLP / flair / bio_embeddings", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) >= 3
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "sentences.txt").write_text("The cat sat .\nA dog barked .\n", encoding="utf-8")
-    have_flair = importlib.util.find_spec("flair") is not None
-    try:
-        for block in blocks:
-            if "flair" in block and not have_flair:
-                continue
-            exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
-    finally:
-        uninstall_allennlp_modules()
-        uninstall_simple_elmo_module()
 
 
 # -- AllenNLP users' habits ---------------------------------------------------------------------

@@ -411,13 +411,13 @@ def test_scores_and_distributions_on_a_gpu_equal_the_cpus(model_dir, lm, corpus)
     assert gpu_result.probability["both"] == pytest.approx(cpu_result.probability["both"], rel=1e-3)
 
 
-# -- the README's examples ----------------------------------------------------------------------
-README = Path(__file__).resolve().parent.parent / "README.md"
+# -- the examples of the language model's guide ---------------------------------------------------
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "language-model.md"
 
 
 def _readme_block(after: str) -> list[str]:
     """The lines of the first ```text block after the line that starts with ``after``."""
-    text = README.read_text(encoding="utf-8")
+    text = GUIDE.read_text(encoding="utf-8")
     start = text.index("```text\n", text.index(after)) + len("```text\n")
     return text[start : text.index("```", start)].rstrip("\n").split("\n")
 
@@ -429,7 +429,7 @@ def _shipped_scoring_model() -> None:
         pytest.skip("the shipped model has no softmax.hdf5")
 
 
-def test_readme_score_example_is_what_the_shipped_model_gives(tmp_path, capsys):
+def test_guide_score_example_is_what_the_shipped_model_gives(tmp_path, capsys):
     _shipped_scoring_model()
     expected = [json.loads(line) for line in _readme_block("`elmokit score INPUT")]
     source = tmp_path / "in.txt"
@@ -440,12 +440,12 @@ def test_readme_score_example_is_what_the_shipped_model_gives(tmp_path, capsys):
     for record, shown in zip(records, expected):
         for name, value in shown.items():
             # Printed to 4 decimals; float32 sums differ in the 7th significant digit between
-            # machines (an AMD AVX2 one gave perplexity 870.0721 for the README's 870.0739).
+            # machines (an AMD AVX2 one gave perplexity 870.0721 for a shown 870.0739).
             want = pytest.approx(value, rel=1e-5, abs=2e-4) if isinstance(value, float) else value
             assert record[name] == want
 
 
-def test_readme_substitutes_example_is_what_the_shipped_model_gives(capsys):
+def test_guide_substitutes_example_is_what_the_shipped_model_gives(capsys):
     _shipped_scoring_model()
     shown = _readme_block("`elmokit substitutes SENTENCE")
     sentence = shown[0].replace("[", "").replace("]", "")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..embed import Embedder
+from ..language_model import LanguageModel
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +115,11 @@ class ServedModel:
 def load_model(spec: str, device: str | None, max_batch_tokens: int) -> ServedModel:
     """Load a ``--model`` (see ``model_name``) with its softmax where it has one, and warm it
     up with one sentence."""
-    from ..scoring import load_scoring_model
-
     name, source = model_name(spec)
     language_model = vocab = None
     try:
-        language_model, vocab = load_scoring_model(source, device=device)
+        language_model = LanguageModel.from_pretrained(source, device=device)
+        vocab = language_model.vocab
     except FileNotFoundError:  # no softmax (or not a language model folder): embeddings only
         pass
     bilm = language_model.bilm if language_model is not None else source

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..pretrained import DEFAULT_MODEL
+from ..hub import DEFAULT_MODEL
 from .models import ModelConfig
 from .train import TASKS, TaskConfig, run_task
 

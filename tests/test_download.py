@@ -449,5 +449,6 @@ def test_cli_download_of_a_known_model_and_models_listing(server, monkeypatch, c
     )
     assert main(["download", "no-such-model"]) == 2
     assert capsys.readouterr().err == (
-        "elmokit: error: 'no-such-model' is neither a known model nor a URL; `elmokit models` lists the known models\n"
+        "elmokit: error: 'no-such-model' is neither a known model, a URL nor hf://owner/name; "
+        "`elmokit models` lists the known models\n"
     )

@@ -11,7 +11,6 @@ import shutil
 import sys
 import threading
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch

@@ -23,7 +23,10 @@ from .hub import DEFAULT_MODEL, TINY_REFERENCE, resolve_model
 from .language_model import LanguageModel
 
 DEMO_WORD = "bank"
-MODEL_HELP = "a shipped or known model's name (elmokit models), a model folder, a .zip archive or a URL"
+MODEL_HELP = (
+    "a shipped or known model's name (elmokit models), a model folder, a .zip archive, a URL or "
+    "hf://owner/name[@revision]"
+)
 DEMO_QUERIES = [
     ("She went to the bank to withdraw money .", "money"),
     ("They had a picnic on the bank of the river .", "river"),
@@ -679,8 +682,8 @@ def _scoring_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help="a model with its softmax: exported folder (with softmax.hdf5), training save dir, "
-        f"or shipped model name (default {DEFAULT_MODEL})",
+        help="a model with its softmax (softmax.hdf5 and vocab.txt beside its weights): a training "
+        f"save dir, or any form of --model elsewhere (default {DEFAULT_MODEL})",
     )
     p.add_argument(
         "--mode",
@@ -898,7 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=train_command, parser=p)
 
     p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
-    p.add_argument("model_dir", help="training save dir or exported model folder")
+    p.add_argument("model_dir", help="training save dir, or a model with its softmax in any form of --model")
     p.add_argument("--heldout", required=True, help="glob of held-out files")
     p.add_argument("--batch-size", type=_ranged(int, low=1), default=256, help="parallel streams")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -973,16 +976,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="The shipped models and the public models elmokit downloads by name (AllenNLP, "
         "NLPL repository, SeqVec, ELMoForManyLangs), with their URLs and whether they are in the "
         "cache ($ELMOKIT_CACHE, else the user cache folder). Any --model also takes a folder, a "
-        ".zip archive or a URL.",
+        ".zip archive, a URL or hf://owner/name[@revision].",
     )
     p.add_argument("--json", action="store_true", help="everything known of each model, as JSON")
     p.set_defaults(func=models_command)
 
     p = sub.add_parser(
         "download",
-        help="download a known model or a URL into the cache (verified) and print where it went",
+        help="download a known model, a URL or an hf:// repository into the cache (verified) and print "
+        "where it went",
     )
-    p.add_argument("model", metavar="NAME|URL", help="a name from `elmokit models`, or a URL")
+    p.add_argument(
+        "model",
+        metavar="NAME|URL|hf://owner/name[@revision]",
+        help="a name from `elmokit models`, a URL, or a Hugging Face Hub repository",
+    )
     p.add_argument("--force", action="store_true", help="download again even if it is cached")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=download_command)

@@ -118,7 +118,7 @@ class LanguageModel(nn.Module):
                 raise ValueError(
                     f"--average needs a training save dir and its latest checkpoints; {spec} is not one"
                 )
-            if checkpoint != "latest":
+            if checkpoint not in ("latest", "best"):  # a model folder has one set of weights: both
                 raise ValueError(f"--checkpoint {checkpoint} needs a training save dir; {spec} is not one")
             model, vocab = cls._from_model_files(spec, progress)
         model._vocab = vocab

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..embed import Embedder
+from ..hub import DEFAULT_MODEL
 from ..language_model import LanguageModel
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class ServeConfig:
     """Everything ``elmokit serve`` is started with, except the API key (kept out of the
     environment copy that ``--workers`` processes read: they take it from ``ELMOKIT_API_KEY``)."""
 
-    models: tuple[str, ...] = ("elmo-news-512",)
+    models: tuple[str, ...] = (DEFAULT_MODEL,)
     device: str | None = None
     max_batch_tokens: int = 4096
     max_wait_ms: float = 5.0

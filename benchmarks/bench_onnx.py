@@ -78,9 +78,9 @@ def speed(bilm: BiLM, sentences: list[list[str]], rounds: int) -> dict[str, dict
 
 def cosines(model: str, sentences: list[list[str]]) -> dict[str, list[float]]:
     """Per layer, the mean and minimum cosine of int8 token vectors to float32 ones."""
-    from elmokit.sources import load_bilm
+    from elmokit import BiLM
 
-    bilm = load_bilm(model)
+    bilm = BiLM.from_pretrained(model)
     float32 = np.concatenate(list(Embedder(bilm).embed_sentences(sentences)), axis=1)
     int8 = Embedder(bilm, backend="onnxruntime", dtype="int8").embed_sentences(sentences)
     quantized = np.concatenate(list(int8), axis=1)

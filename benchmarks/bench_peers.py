@@ -22,7 +22,7 @@ the first ``--n-sentences`` non-empty lines of FILE (whitespace tokens):
   (cnn_50_100_512_4096_sample.json: char CNN with a 100-dim word embedding, 2 x 4096 / 512),
   built with its own classes and saved as its model folder (char.dic and word.dic hold the
   characters and words of the sentences only: a word's lookup costs the same in any table).
-  elmokit loads the same folder (``elmokit.manylangs.load_manylangs``); without that module it
+  elmokit loads the same folder (``elmokit.BiLM.from_pretrained``); where it cannot, it
   runs its own "original" preset with random weights, and says so. Run the script with the
   python of a venv that has ELMoForManyLangs (torch 2.13.0, ``elmoformanylangs==0.0.4.post2``
   installed with ``--no-deps``, ``overrides==3.1.0``, h5py, and elmokit: ``pip install -e .``).
@@ -267,15 +267,13 @@ def run_elmoformanylangs(
     size = args.batch_size
     peer = EFMLEmbedder(str(folder), batch_size=size)
     try:
-        from elmokit.manylangs import load_manylangs
-
-        bilm = load_manylangs(folder)
+        bilm = elmokit.BiLM.from_pretrained(folder)
         same_model = True
         model = (
             f"random weights, ELMoForManyLangs {EFML_CONFIG} (built with its classes); "
             "elmokit loads the same folder"
         )
-    except (ImportError, ValueError, OSError) as err:  # no elmokit.manylangs, or it cannot load this
+    except (ValueError, OSError) as err:  # elmokit cannot load this folder
         print(
             f"  elmokit cannot load ELMoForManyLangs folders ({str(err).replace(str(tmp), 'TMP')}): "
             "elmokit runs its own 'original' preset"

@@ -26,7 +26,7 @@ from bench_bilm import read_sentences
 from common import Pauser
 
 from elmokit.embed import Embedder
-from elmokit.pretrained import DEFAULT_MODEL
+from elmokit.hub import DEFAULT_MODEL
 
 
 def embed(model: str, dtype: str, batch_size: int, sentences, warm_up) -> tuple[float, np.ndarray]:

@@ -238,11 +238,8 @@ def test_stateful_elmo_carries_states_without_touching_the_bilm(tiny_files, tiny
 
 
 def test_old_calls_keep_working_with_a_deprecation_warning(tiny_options, tiny_sentences, bilm):
-    from elmokit import StatefulBiLM
-
-    with pytest.warns(DeprecationWarning, match="StatefulBiLM"):
-        model = BiLM(tiny_options, stateful=True)
-    assert isinstance(model, StatefulBiLM) and model.stateful
+    with pytest.raises(TypeError):  # the old BiLM(options, stateful=True): StatefulBiLM(options) now
+        BiLM(tiny_options, stateful=True)
     ids = batch_to_ids([tiny_sentences[0][0].split()])
     with pytest.warns(DeprecationWarning, match="keep_sentence_boundaries"), torch.no_grad():
         out = bilm(ids, True)

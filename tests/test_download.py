@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit import batch_to_ids, load_bilm, resolve_model
-from elmokit.archives import ArchiveError
+from elmokit import BiLM, batch_to_ids, resolve_model
 from elmokit.cli import main
-from elmokit.download import (
+from elmokit.hub.archives import ArchiveError
+from elmokit.hub.transport import (
     ChecksumError,
     DownloadError,
     Expected,
@@ -194,7 +194,7 @@ def test_a_killed_download_leaves_no_file_under_its_name_and_resumes(server):
     release = server.stall["/big.zip"] = threading.Event()
     part = entry_dir(url) / ".big.zip.part"
     child = subprocess.Popen(
-        [sys.executable, "-c", f"from elmokit.download import fetch; fetch({url!r}, progress=False)"],
+        [sys.executable, "-c", f"from elmokit.hub.transport import fetch; fetch({url!r}, progress=False)"],
         env={**os.environ},
     )
     try:
@@ -269,11 +269,11 @@ def test_a_cached_file_that_changed_is_noticed(server):
 def test_a_full_disk_is_one_line(server, monkeypatch):
     import shutil as real_shutil
 
-    from elmokit import download
+    from elmokit.hub import transport
 
     url = server.url("/big.zip")
     monkeypatch.setattr(
-        download.shutil, "disk_usage", lambda path: real_shutil._ntuple_diskusage(10**9, 10**9, 1000)
+        transport.shutil, "disk_usage", lambda path: real_shutil._ntuple_diskusage(10**9, 10**9, 1000)
     )
     with pytest.raises(
         DownloadError, match=rf"^disk full: {url} needs 300,000 more bytes but \S+ has 1,000 free"
@@ -315,20 +315,20 @@ def test_progress_bar_shows_size_and_speed(server, capsys):
 
 # -- models from archives and URLs ---------------------------------------------------------------
 def test_a_model_from_zip_url_and_url_pair_gives_the_folders_vectors(server, tmp_path):
-    folder = _layers(load_bilm(TINY))
+    folder = _layers(BiLM.from_pretrained(TINY))
     archive = tmp_path / "209.zip"
     archive.write_bytes(NLPL_ZIP)
     source = resolve_model(archive)
     assert (source.origin, source.kind, source.weight_file.name) == ("archive", "bilm", "model.hdf5")
     assert source.extras == {"vocab": source.folder / "vocab.txt"}
-    assert torch.equal(_layers(load_bilm(archive)), folder)
+    assert torch.equal(_layers(BiLM.from_pretrained(archive)), folder)
     url = server.url("/m/209.zip")
-    assert torch.equal(_layers(load_bilm(url)), folder)
+    assert torch.equal(_layers(BiLM.from_pretrained(url)), folder)
     assert resolve_model(url).folder == entry_dir(url) / "unpacked"
-    pair = load_bilm(server.url("/m/options.json"), server.url("/m/weights.hdf5"))
+    pair = BiLM.load(*resolve_model(server.url("/m/options.json"), server.url("/m/weights.hdf5")).files())
     assert torch.equal(_layers(pair), folder)
     requests = len(server.requests)
-    assert torch.equal(_layers(load_bilm(url)), folder) and len(server.requests) == requests  # cached
+    assert torch.equal(_layers(BiLM.from_pretrained(url)), folder) and len(server.requests) == requests  # cached
 
 
 def test_a_forced_download_of_a_changed_archive_replaces_what_was_unpacked(server, capsys):
@@ -411,12 +411,12 @@ def test_a_zip_of_a_folder_without_vocab_loads(tmp_path):
     path.write_bytes(_zip({"uniref50_v2/options.json": OPTIONS, "uniref50_v2/weights.hdf5": WEIGHTS}))
     source = resolve_model(path)
     assert source.folder.name == "uniref50_v2" and source.extras == {}
-    assert torch.equal(_layers(load_bilm(path)), _layers(load_bilm(TINY)))
+    assert torch.equal(_layers(BiLM.from_pretrained(path)), _layers(BiLM.from_pretrained(TINY)))
 
 
 # -- the CLI -------------------------------------------------------------------------------------
 def test_cli_download_of_a_known_model_and_models_listing(server, monkeypatch, capsys):
-    from elmokit import registry
+    from elmokit.hub import registry
 
     tiny = registry.KnownModel(
         name="tiny-test",
@@ -449,5 +449,6 @@ def test_cli_download_of_a_known_model_and_models_listing(server, monkeypatch, c
     )
     assert main(["download", "no-such-model"]) == 2
     assert capsys.readouterr().err == (
-        "elmokit: error: 'no-such-model' is neither a known model nor a URL; `elmokit models` lists the known models\n"
+        "elmokit: error: 'no-such-model' is neither a known model, a URL nor hf://owner/name; "
+        "`elmokit models` lists the known models\n"
     )

@@ -12,7 +12,7 @@ from elmokit import BiLM, Elmo, ScalarMix, batch_to_ids
 def test_elmo_with_fixed_mix_equals_hand_computed_mix(tiny_files, tiny_sentences):
     sentences = [s.split() for s in tiny_sentences[1][:4]]
     weights = [0.5, -1.0, 2.0]
-    elmo = Elmo(*tiny_files, 2, dropout=0.0, scalar_mix_parameters=weights).eval()
+    elmo = Elmo(*tiny_files, num_output_representations=2, dropout=0.0, scalar_mix_parameters=weights).eval()
     bilm = BiLM.load(*tiny_files)
     ids = batch_to_ids(sentences)
     with torch.no_grad():
@@ -31,7 +31,7 @@ def test_elmo_with_fixed_mix_equals_hand_computed_mix(tiny_files, tiny_sentences
 
 
 def test_elmo_trains_mix_and_can_unfreeze_bilm(tiny_files):
-    elmo = Elmo(*tiny_files, 1, dropout=0.0, requires_grad=True)
+    elmo = Elmo(*tiny_files, num_output_representations=1, dropout=0.0, requires_grad=True)
     out = elmo(batch_to_ids([["hello", "world"]]))
     out.representations[0].sum().backward()
     assert elmo.scalar_mixes[0].scalar_parameters.grad is not None
@@ -44,7 +44,7 @@ def test_elmo_from_bilm_and_keep_boundaries(tiny_files):
     out = elmo(batch_to_ids([["a", "b", "c"]]))
     assert out.representations[0].shape == (1, 5, 32) and out.mask.sum() == 5
     with pytest.raises(ValueError, match="not both"):
-        Elmo(*tiny_files, 1, bilm=bilm)
+        Elmo(*tiny_files, num_output_representations=1, bilm=bilm)
     with pytest.raises(ValueError, match="options_file and weight_file"):
         Elmo(num_output_representations=1)
 

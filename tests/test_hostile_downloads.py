@@ -21,10 +21,11 @@ from collections.abc import Callable
 
 import pytest
 
-from elmokit import download, registry, resolve_model
-from elmokit.archives import ArchiveError, unpack_zip
+from elmokit import resolve_model
 from elmokit.cli import main
-from elmokit.download import ChecksumError, DownloadError, entry_dir, fetch, is_cached
+from elmokit.hub import archives, registry, transport
+from elmokit.hub.archives import ArchiveError, unpack_zip
+from elmokit.hub.transport import ChecksumError, DownloadError, entry_dir, fetch, is_cached
 
 from .conftest import TINY
 
@@ -224,7 +225,7 @@ def test_a_resume_of_a_changed_file_is_not_spliced_where_the_server_ignores_if_r
 
 
 def test_a_gzip_bomb_body_is_refused(server, monkeypatch):
-    monkeypatch.setattr(download, "MAX_GZIP_RATIO", 10, raising=False)
+    monkeypatch.setattr(transport, "MAX_GZIP_RATIO", 10, raising=False)
     body = gzip.compress(b"PK\x03\x04" + b"\0" * (8 << 20))
     server.routes["/bomb.zip"] = lambda h: h.serve(body, extra={"Content-Encoding": "gzip"})
     url = server.url("/bomb.zip")
@@ -340,9 +341,9 @@ def _drip(body: bytes, headers_too: bool = False) -> Callable[[_Handler], None]:
 
 @pytest.mark.parametrize("headers_too", [False, True])
 def test_a_server_that_drips_bytes_is_cut(server, monkeypatch, capsys, headers_too):
-    monkeypatch.setattr(download, "RATE_WINDOW", 0.5, raising=False)
-    monkeypatch.setattr(download, "MIN_RATE", 1000, raising=False)
-    monkeypatch.setattr(download, "HEADER_DEADLINE", 1.0, raising=False)
+    monkeypatch.setattr(transport, "RATE_WINDOW", 0.5, raising=False)
+    monkeypatch.setattr(transport, "MIN_RATE", 1000, raising=False)
+    monkeypatch.setattr(transport, "HEADER_DEADLINE", 1.0, raising=False)
     body = b'{"lstm": {"dim": 16}, "padding": "' + b"p" * 100 + b'"}'
     server.routes["/slow/options.json"] = _drip(body, headers_too)
     url = server.url("/slow/options.json")
@@ -439,7 +440,7 @@ def test_a_full_disk_while_resuming_is_one_line(server, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(download, "write_json", full)
+    monkeypatch.setattr(transport, "write_json", full)
     assert main(["download", url]) == 2
     assert _error(capsys) == (
         f"disk full: no space left in {entry_dir(url)} for {url}; free some space or set ELMOKIT_CACHE "
@@ -481,8 +482,6 @@ def test_a_name_that_is_a_file_and_a_folder_is_refused(tmp_path, names, file_mem
 
 def test_a_full_disk_while_unpacking_is_one_line_naming_the_archive(tmp_path, monkeypatch):
     import builtins
-
-    from elmokit import archives
 
     path = tmp_path / "model.zip"
     path.write_bytes(MODEL_ZIP)

@@ -13,7 +13,7 @@ import pytest
 
 from elmokit import BiLM, BiLMOptions, OptionsError
 from elmokit.cli import main
-from elmokit.manylangs import ManyLangsError, load_manylangs, model_config_file
+from elmokit.manylangs import ManyLangsError, model_config_file
 from elmokit.options import preset
 from elmokit.weights import open_hdf5
 
@@ -133,7 +133,7 @@ def test_the_parameter_count_is_that_of_the_modules_built():
     for options in (BiLMOptions.from_dict(preset("tiny")), BiLM.load(*_tiny()).options):
         assert parameter_count(options) == sum(p.numel() for p in BiLM(options).parameters())
     for model in ("char-model", "word-model"):
-        bilm = load_manylangs(MANYLANGS / model)
+        bilm = BiLM.from_pretrained(MANYLANGS / model)
         word = bilm.token_encoder.word_embedding
         shape = None if word is None else tuple(word.weight.shape)
         assert parameter_count(bilm.options, shape) == sum(p.numel() for p in bilm.parameters())
@@ -278,7 +278,7 @@ def test_a_cached_model_reads_no_config_outside_its_archive(tmp_path, monkeypatc
     archive = tmp_path / "cache" / "archives" / "0123" / "unpacked"
     folder = _manylangs_copy(archive, str(outside))
     with pytest.raises(FileNotFoundError) as err:
-        load_manylangs(folder)
+        BiLM.from_pretrained(folder)
     assert f"elmokit reads no file outside the archive {archive}" in str(err.value)
     assert "\n" not in str(err.value)
     shutil.rmtree(folder)
@@ -295,7 +295,7 @@ def test_a_cached_model_reads_no_config_outside_its_archive(tmp_path, monkeypatc
 
     # a user's own folder keeps ELMoForManyLangs' lookup (documented)
     own = _manylangs_copy(tmp_path / "mine", str(outside))
-    assert model_config_file(own) == outside and load_manylangs(own).options.lstm.dim == 24
+    assert model_config_file(own) == outside and BiLM.from_pretrained(own).options.lstm.dim == 24
 
 
 @pytest.mark.parametrize(
@@ -337,7 +337,7 @@ def test_manylangs_configs_have_the_same_ceilings(tmp_path, section, field, valu
     (folder / "tiny_char.json").write_text(json.dumps(config))
     start = time.perf_counter()
     with pytest.raises(OptionsError) as err:
-        load_manylangs(folder)
+        BiLM.from_pretrained(folder)
     assert str(err.value) == f"{folder / 'tiny_char.json'}: {message}"
     assert time.perf_counter() - start < 10
 
@@ -348,7 +348,7 @@ def test_manylangs_char_ids_are_bounded(tmp_path):
     with open(folder / "char.dic", "a", encoding="utf-8") as f:
         f.write("\u2603\t" + "9" * 30 + "\n")
     with pytest.raises(ManyLangsError) as err:
-        load_manylangs(folder)
+        BiLM.from_pretrained(folder)
     assert str(err.value) == (
         f"{folder / 'char.dic'}: the id of '\u2603' (an integer of 30 digits) is not below 2,000,000"
     )

@@ -258,13 +258,11 @@ def test_manylangs_model_through_onnxruntime_gives_elmoformanylangs_numbers():
     memory by the Embedder gives the numbers ELMoForManyLangs computed for each sentence alone."""
     import json
 
-    from elmokit.manylangs import load_manylangs
-
     folder = FIXTURES / "elmoformanylangs" / "word-model"
     reference = json.loads((folder / "reference.json").read_text(encoding="utf-8"))
     arrays = np.load(folder / "reference.npz")
     sentences = reference["fresh"]["sentences"]
-    embedder = Embedder(load_manylangs(folder), batch_size=3, backend="onnxruntime")
+    embedder = Embedder(BiLM.from_pretrained(folder), batch_size=3, backend="onnxruntime")
     for i, array in enumerate(embedder.embed_sentences(sentences)):
         _close(torch.from_numpy(arrays[f"fresh/{i}"]), torch.from_numpy(array), f"sentence {i}")
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_version_is_written_once_and_installed_as_written():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "elmokit.__version__"}
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "elmokit._version.__version__"}
     assert importlib.metadata.version("elmokit") == elmokit.__version__
 
 

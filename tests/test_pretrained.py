@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 
 from elmokit import BiLM, Embedder
-from elmokit.pretrained import DEFAULT_MODEL, MODELS_DIR, available_models, model_files
+from elmokit.hub import DEFAULT_MODEL, MODELS_DIR, available_models, model_files
 from elmokit.senses import nearest_contexts, read_contexts
 
 NEWS = "elmo-news-512"

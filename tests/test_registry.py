@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from elmokit import load_bilm, resolve_model
+from elmokit import BiLM, resolve_model
 from elmokit.compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE
-from elmokit.download import OfflineError, cache_key, entry_dir, is_url
-from elmokit.pretrained import model_files
-from elmokit.registry import KNOWN_MODELS, find
+from elmokit.hub import model_files
+from elmokit.hub.registry import KNOWN_MODELS, find
+from elmokit.hub.transport import OfflineError, cache_key, entry_dir, is_url
 
 from .conftest import TINY
 
@@ -72,7 +72,7 @@ def test_a_known_model_offline_names_the_download(monkeypatch):
 
 
 def test_folders_as_publishers_name_their_files(tmp_path):
-    expected = load_bilm(TINY).state_dict()
+    expected = BiLM.from_pretrained(TINY).state_dict()
     for weights in (
         "weights.hdf5",
         "model.hdf5",
@@ -89,7 +89,7 @@ def test_folders_as_publishers_name_their_files(tmp_path):
         shutil.copy(TINY / "options.json", folder / options)
         shutil.copy(TINY / "lm_weights.hdf5", folder / weights)
         assert model_files(folder) == (folder / options, folder / weights)
-        got = load_bilm(folder).state_dict()
+        got = BiLM.from_pretrained(folder).state_dict()
         assert all((got[k] == v).all() for k, v in expected.items())
 
 
@@ -149,7 +149,7 @@ def test_an_elmoformanylangs_folder_is_recognised_and_dispatched(tmp_path):
         model_files(folder)
     if not _manylangs_installed():
         with pytest.raises(ValueError, match="^ELMoForManyLangs models are not supported yet$"):
-            load_bilm(folder)
+            BiLM.from_pretrained(folder)
 
 
 def test_an_elmoformanylangs_zip_loads(tmp_path):
@@ -167,4 +167,4 @@ def test_an_elmoformanylangs_zip_loads(tmp_path):
             z.write(path, f"configs/{path.name}")
     source = resolve_model(archive)
     assert source.kind == "manylangs" and source.folder.name == "en.model"
-    assert load_bilm(archive).num_layers == load_bilm(fixture).num_layers
+    assert BiLM.from_pretrained(archive).num_layers == BiLM.from_pretrained(fixture).num_layers

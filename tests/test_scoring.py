@@ -23,7 +23,6 @@ from elmokit.language_model import LanguageModel
 from elmokit.lstm import LstmState
 from elmokit.scoring import (
     FIELDS,
-    load_scoring_model,
     score_sentences,
     substitutes,
     word_distributions,
@@ -67,7 +66,8 @@ def model_dir(tmp_path_factory, corpus) -> Path:
 
 @pytest.fixture(scope="session")
 def lm(model_dir) -> tuple[LanguageModel, Vocabulary]:
-    return load_scoring_model(model_dir, device="cpu")
+    model = LanguageModel.from_pretrained(model_dir, device="cpu")
+    return model, model.vocab
 
 
 def _stream_hidden(model: LanguageModel, inputs: list[str], start: LstmState | None) -> torch.Tensor:
@@ -172,7 +172,8 @@ def test_a_sentences_score_does_not_depend_on_its_batch_neighbours(lm, corpus):
 
 
 def test_scoring_leaves_the_callers_model_as_it_was(model_dir, corpus):
-    model, vocab = load_scoring_model(model_dir, device="cpu")
+    model = LanguageModel.from_pretrained(model_dir, device="cpu")
+    vocab = model.vocab
     model.train()
     model.bilm.lstm.dropout = 0.5  # would change the scores if scoring ran in training mode
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -326,7 +327,7 @@ def test_score_command_errors_are_one_line(model_dir, tmp_path, capsys):
             ["score", str(source), "--model", "elmo-tiny-reference"],
             "this model ships no softmax.hdf5: scoring needs one; export it from a training run with `elmokit export`",
         ),
-        (["score", str(source), "--model", str(tmp_path / "nothing")], "model folder not found"),
+        (["score", str(source), "--model", str(tmp_path / "nothing")], "no model folder, archive or known model"),
         (
             ["score", str(source), "--model", str(model_dir), "--format", "tsv", "--per-token"],
             "only in the jsonl format",
@@ -399,7 +400,7 @@ def test_substitutes_command_table_and_json(lm, model_dir, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_scores_and_distributions_on_a_gpu_equal_the_cpus(model_dir, lm, corpus):
     model, vocab = lm
-    gpu_model, _ = load_scoring_model(model_dir, device="cuda")
+    gpu_model = LanguageModel.from_pretrained(model_dir, device="cuda")
     for cpu, gpu in zip(score_sentences(model, vocab, corpus), score_sentences(gpu_model, vocab, corpus)):
         # (cuDNN may run the char CNN in TF32)
         assert gpu.forward_logprob == pytest.approx(cpu.forward_logprob, rel=1e-3, abs=1e-2)
@@ -423,7 +424,7 @@ def _readme_block(after: str) -> list[str]:
 
 
 def _shipped_scoring_model() -> None:
-    from elmokit.pretrained import DEFAULT_MODEL, MODELS_DIR
+    from elmokit.hub import DEFAULT_MODEL, MODELS_DIR
 
     if not (MODELS_DIR / DEFAULT_MODEL / "softmax.hdf5").is_file():
         pytest.skip("the shipped model has no softmax.hdf5")

@@ -30,7 +30,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from elmokit.cli import main  # noqa: E402
 from elmokit.embed import Embedder  # noqa: E402
-from elmokit.pretrained import MODELS_DIR, NEWS_MODEL, TINY_REFERENCE  # noqa: E402
+from elmokit.hub import MODELS_DIR, NEWS_MODEL, TINY_REFERENCE  # noqa: E402
+from elmokit.language_model import LanguageModel  # noqa: E402
 from elmokit.serve import Limits, ServeConfig, ServedModel, create_app, load_model, model_name  # noqa: E402
 
 SENTENCES = [
@@ -423,8 +424,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def test_a_request_can_only_name_models_loaded_at_start(tiny, monkeypatch, tmp_path):
     """Paths, URLs and names of models that exist but were not loaded are 404: the server reads
     no file and fetches no URL for a request."""
-    import elmokit.scoring
-    import elmokit.sources
+    import elmokit.bilm
+    import elmokit.hub.resolve
+    import elmokit.language_model
 
     def forbidden(*args, **kwargs):
         raise AssertionError(f"a request made the server load a model: {args}")
@@ -446,9 +448,8 @@ def test_a_request_can_only_name_models_loaded_at_start(tiny, monkeypatch, tmp_p
     ]
     try:
         with TestClient(create_app([tiny], _config())) as client:
-            for attr in ("load_bilm", "resolve_model"):
-                monkeypatch.setattr(elmokit.sources, attr, forbidden)
-            monkeypatch.setattr(elmokit.scoring, "load_scoring_model", forbidden)
+            for module in (elmokit.hub.resolve, elmokit.bilm, elmokit.language_model):
+                monkeypatch.setattr(module, "resolve_model", forbidden)
             for name in names:
                 for path, body in (
                     ("/v1/embeddings", {"input": "a"}),
@@ -522,9 +523,10 @@ def news() -> ServedModel:
 
 
 def test_score_substitutes_and_vectors_of_a_model_with_a_softmax(news):
-    from elmokit.scoring import load_scoring_model, score_sentences, substitutes
+    from elmokit.scoring import score_sentences, substitutes
 
-    lm, vocab = load_scoring_model(NEWS_MODEL, device="cpu")
+    lm = LanguageModel.from_pretrained(NEWS_MODEL, device="cpu")
+    vocab = lm.vocab
     sentences = [s.split() for s in SENTENCES[:3]]
     config = ServeConfig(models=(NEWS_MODEL,), device="cpu")
     with TestClient(create_app([news], config)) as client:

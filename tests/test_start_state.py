@@ -20,8 +20,8 @@ from elmokit.cli import main
 from elmokit.data import Vocabulary
 from elmokit.embed import Embedder
 from elmokit.evaluate import _positions, evaluate_perplexity
+from elmokit.hub import MODELS_DIR, PACKAGE_DIR, TINY_REFERENCE
 from elmokit.language_model import LanguageModel
-from elmokit.pretrained import MODELS_DIR, PACKAGE_DIR, TINY_REFERENCE
 from elmokit.start_state import estimate_start_state
 from elmokit.weights import has_start_state, save_options, save_softmax, save_weights
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from elmokit import BiLM, Embedder
 from elmokit.cli import main as elmokit_main
-from elmokit.pretrained import TINY_REFERENCE, model_files
+from elmokit.hub import TINY_REFERENCE, model_files
 from elmokit.tasks import (
     ConditionalRandomField,
     LayerCache,

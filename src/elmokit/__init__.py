@@ -1,26 +1,25 @@
 """elmokit: ELMo (deep contextualized word representations) in PyTorch."""
 
+from ._version import __version__ as __version__
 from .bilm import BiLM, BiLMOutput, CarriedState, StatefulBiLM
 from .characters import batch_to_ids
-from .download import DownloadError
 from .elmo import Elmo, ElmoOutput
 from .embed import Embedder
+from .hub import DEFAULT_MODEL, DownloadError, ModelSource, resolve_model
+from .language_model import LanguageModel
 from .options import BiLMOptions, OptionsError
 from .scalar_mix import ScalarMix
 from .scoring import (
     SentenceScore,
     Substitutes,
-    load_scoring_model,
     score_sentences,
     substitutes,
     word_distributions,
 )
-from .sources import ModelSource, load_bilm, resolve_model
 from .weights import WeightFileError
 
-__version__ = "0.1.0"
-
 __all__ = [
+    "DEFAULT_MODEL",
     "BiLM",
     "BiLMOptions",
     "BiLMOutput",
@@ -29,6 +28,7 @@ __all__ = [
     "Elmo",
     "ElmoOutput",
     "Embedder",
+    "LanguageModel",
     "ModelSource",
     "OptionsError",
     "ScalarMix",
@@ -37,8 +37,6 @@ __all__ = [
     "Substitutes",
     "WeightFileError",
     "batch_to_ids",
-    "load_bilm",
-    "load_scoring_model",
     "resolve_model",
     "score_sentences",
     "substitutes",

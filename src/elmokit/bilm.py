@@ -3,12 +3,17 @@
 State is explicit: ``bilm(char_ids, state)`` starts each row's LSTMs from ``state`` (None = the
 model's start state, or zeros for a model without one; ``"zero"`` = zeros) and returns, beside
 the layers, the state each row reached at its last position, which can be the next call's
-``state``. ``StatefulBiLM`` (what ``BiLM.load(..., stateful=True)`` gives) is the one place that
-carries states from call to call, as bilm-tf and AllenNLP do.
+``state``. ``StatefulBiLM`` (what ``BiLM.from_pretrained(..., stateful=True)`` gives) is the one
+place that carries states from call to call, as bilm-tf and AllenNLP do.
+
+``BiLM.from_pretrained(spec)`` is the way to get a pretrained model: any spec of
+``elmokit.hub.resolve_model`` (a name, a folder, an archive, a URL, ``hf://``); ``BiLM.load``
+reads an options file and a weight file.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,10 +25,15 @@ from torch import nn
 
 from .bounds import check_model_size
 from .char_cnn import TokenEncoder
-from .characters import BOS_TOKEN, EOS_TOKEN, lengths_from_ids, pad_batch, tokens_to_ids
+from .characters import lengths_from_ids, pad_batch
+from .hub import resolve_model
+from .inputs import InputScheme
 from .lstm import BiLstm, LstmState, Packing, needs_autograd
+from .manylangs import read_manylangs
 from .options import BiLMOptions
 from .weights import load_weights, save_options, save_weights
+
+__all__ = ["DEFAULT_WINDOW", "BiLM", "BiLMOutput", "CarriedState", "StateArg", "StatefulBiLM"]
 
 # Longer inputs run through the LSTMs in windows of this many steps (exact; bounds memory).
 DEFAULT_WINDOW = 512
@@ -52,45 +62,40 @@ class BiLM(nn.Module):
     ``start_state`` is the canonical start state read with the weights (h (n_layers, 2,
     projection_dim), c (n_layers, 2, dim)), or None for zeros.
 
-    The model's inputs come from its own ``batch_to_ids`` (sentences) and ``token_ids`` (tokens):
-    bilm-tf's byte ids here, a variant's own scheme elsewhere (``elmokit.manylangs``), which also
-    names its own ``boundary_tokens``.
+    The model's inputs come from its own ``batch_to_ids`` (sentences) and ``token_ids`` (tokens),
+    as its input scheme ``inputs`` says: bilm-tf's byte ids by default, a variant's own
+    (``elmokit.manylangs``), which also names its own ``boundary_tokens``.
     """
 
-    boundary_tokens: tuple[str, str] = (BOS_TOKEN, EOS_TOKEN)  # wrap every sentence
-    _IDS_FROM = "elmokit.batch_to_ids"  # what makes this model's inputs, for error messages
-
-    def __new__(cls, *args: Any, stateful: bool = False, **kwargs: Any) -> BiLM:
-        if stateful and cls is BiLM:  # the old BiLM(options, stateful=True)
-            warnings.warn(
-                "BiLM(options, stateful=True) is deprecated; use StatefulBiLM(options)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            cls = StatefulBiLM
-        return super().__new__(cls)
-
-    def __init__(self, options: dict[str, Any] | BiLMOptions, stateful: bool = False) -> None:
+    def __init__(self, options: dict[str, Any] | BiLMOptions, inputs: InputScheme | None = None) -> None:
         super().__init__()
         if not isinstance(options, BiLMOptions):
             options = BiLMOptions.from_dict(options)
         check_model_size(options, "options")  # nothing is allocated for a model that cannot fit
         self.options = options
-        self.token_encoder = self._make_token_encoder(options)
+        self.inputs = InputScheme(options.char_cnn.max_characters_per_token) if inputs is None else inputs
+        self.token_encoder = TokenEncoder(
+            options.char_cnn,
+            options.lstm.projection_dim,
+            padding_id=self.inputs.padding_id,
+            word_embedding=self.inputs.word_embedding,
+            always_project=self.inputs.always_project,
+        )
         self.lstm = BiLstm(options.lstm.projection_dim, options.lstm)
         self.start_state: LstmState | None = None
         self.register_buffer("_boundary_ids", self.token_ids(self.boundary_tokens), persistent=False)
 
-    def _make_token_encoder(self, options: BiLMOptions) -> TokenEncoder:
-        """The token encoder of this kind of model (a variant passes its own parameters)."""
-        return TokenEncoder(options.char_cnn, options.lstm.projection_dim)
-
     # -- inputs --------------------------------------------------------------------------------
+    @property
+    def boundary_tokens(self) -> tuple[str, str]:
+        """The tokens that wrap every sentence (bilm-tf: <S> and </S>)."""
+        return self.inputs.boundary_tokens
+
     def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
         """This model's input ids of each token: LongTensor (n_tokens, input_width), 0 never
         used by a token (bilm-tf: the shifted byte ids of ``tokens_to_ids``). ``cache=False``
         skips the cache of recent tokens' ids."""
-        return tokens_to_ids(tokens, self.options.char_cnn.max_characters_per_token, cache=cache)
+        return self.inputs.token_ids(tokens, cache)
 
     def batch_to_ids(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
         """Tokenized sentences -> this model's inputs: LongTensor (batch, timesteps, input_width),
@@ -99,15 +104,40 @@ class BiLM(nn.Module):
 
     @classmethod
     def load(cls, options_file: str | Path, weight_file: str | Path, stateful: bool = False) -> BiLM:
-        """Read options.json and an original-format HDF5 weight file; the model is in eval mode.
-        ``stateful=True`` gives a ``StatefulBiLM`` (states carried between calls)."""
+        """Read options.json and an original-format HDF5 weight file (the low-level form of
+        ``from_pretrained``); the model is in eval mode. ``stateful=True`` gives a
+        ``StatefulBiLM`` (states carried between calls)."""
         model_cls = StatefulBiLM if stateful else cls
         bilm = model_cls(BiLMOptions.from_file(options_file))
         load_weights(bilm, weight_file)
         return bilm.eval()
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        spec: str | os.PathLike | None = None,
+        *,
+        stateful: bool = False,
+        progress: bool | None = None,
+    ) -> BiLM:
+        """A pretrained biLM in eval mode, from a model given in any form
+        ``elmokit.hub.resolve_model`` takes (None: the default shipped model): a shipped or
+        known model's name, a folder of bilm-tf, AllenNLP or ELMoForManyLangs layout, an NLPL
+        .zip, an http(s) URL, ``hf://owner/name[@revision]``. ``stateful=True`` gives a
+        ``StatefulBiLM``, which carries states between calls as bilm-tf and AllenNLP do."""
+        source = resolve_model(spec, progress=progress)
+        if source.kind != "manylangs":
+            return BiLM.load(*source.files(), stateful=stateful)
+        assert source.folder is not None  # an ELMoForManyLangs model is a folder
+        model = read_manylangs(source.folder)
+        bilm = (StatefulBiLM if stateful else BiLM)(model.options, model.inputs)
+        bilm.load_state_dict(model.tensors)
+        return bilm.eval()
+
     def save(self, options_file: str | Path, weight_file: str | Path) -> None:
         """Write options.json and the weights in the original layout."""
+        if self.inputs.not_writable is not None:
+            raise ValueError(self.inputs.not_writable)
         save_options(self.options, options_file)
         save_weights(self, weight_file)
 
@@ -253,7 +283,7 @@ class BiLM(nn.Module):
         if char_ids.dim() != 3 or char_ids.shape[-1] != width:
             raise ValueError(
                 f"char_ids must have shape (batch, timesteps, {width}), got "
-                f"{tuple(char_ids.shape)}; make them with {self._IDS_FROM}"
+                f"{tuple(char_ids.shape)}; make them with {self.inputs.ids_from}"
             )
         if char_ids.shape[0] == 0:
             raise ValueError("empty batch: char_ids has no sentences")
@@ -339,8 +369,8 @@ class StatefulBiLM(BiLM):
     starting from zeros, exactly as bilm-tf and AllenNLP do; ``reset_states()`` starts again.
     Passing ``state`` explicitly bypasses (and does not update) the carried states."""
 
-    def __init__(self, options: dict[str, Any] | BiLMOptions, stateful: bool = True) -> None:
-        super().__init__(options)
+    def __init__(self, options: dict[str, Any] | BiLMOptions, inputs: InputScheme | None = None) -> None:
+        super().__init__(options, inputs)
         self.carried = CarriedState()
 
     @property

@@ -19,11 +19,14 @@ import torch
 
 from .atomic import write_json
 from .bilm import BiLM
-from .pretrained import DEFAULT_MODEL, TINY_REFERENCE, model_files
-from .sources import load_bilm
+from .hub import DEFAULT_MODEL, TINY_REFERENCE, resolve_model
+from .language_model import LanguageModel
 
 DEMO_WORD = "bank"
-MODEL_HELP = "a shipped or known model's name (elmokit models), a model folder, a .zip archive or a URL"
+MODEL_HELP = (
+    "a shipped or known model's name (elmokit models), a model folder, a .zip archive, a URL or "
+    "hf://owner/name[@revision]"
+)
 DEMO_QUERIES = [
     ("She went to the bank to withdraw money .", "money"),
     ("They had a picnic on the bank of the river .", "river"),
@@ -34,8 +37,8 @@ def _load_model(args: argparse.Namespace) -> BiLM:
     if args.options or args.weights:
         if not (args.options and args.weights):
             raise SystemExit("elmokit: give both --options and --weights (or --model DIR)")
-        return load_bilm(args.options, args.weights)  # each a path or a URL
-    return load_bilm(args.model)  # a name, folder, .zip archive or URL
+        return BiLM.load(*resolve_model(args.options, args.weights).files())  # each a path or a URL
+    return BiLM.from_pretrained(args.model)  # a name, folder, .zip archive, URL or hf://
 
 
 def _snippet(tokens: Sequence[str], word: str, width: int = 96) -> str:
@@ -110,12 +113,13 @@ def demo(args: argparse.Namespace) -> int:
 def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int = 6) -> None:
     """What the language model predicts in place of the demo word in each query, from both
     contexts (``elmokit substitutes``); models without a softmax are said to have none."""
-    from .scoring import load_scoring_model, substitutes
+    from .scoring import substitutes
 
     try:
         if args.options or args.weights:
             raise FileNotFoundError("options + weights only")
-        model, vocab = load_scoring_model(args.model, device="cpu")
+        model = LanguageModel.from_pretrained(args.model, device="cpu")
+        vocab = model.vocab
     except (FileNotFoundError, ValueError):
         print(f"\n(no softmax ships with this model: it cannot predict words in place of '{DEMO_WORD}')")
         return
@@ -297,14 +301,14 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from .data import corpus_files
     from .devices import resolve_device
     from .evaluate import evaluate_perplexity
-    from .export import load_language_model
 
     device = resolve_device(args.device)
     if args.json:  # before the work, not after it; the model's files and the held-out text are inputs
         check_output(args.json, args.overwrite, [*_model_files(args.model_dir), *corpus_files(args.heldout)])
-    model, vocabulary = load_language_model(
+    model = LanguageModel.from_pretrained(
         args.model_dir, device=device, checkpoint=args.checkpoint, average=args.average
     )
+    vocabulary = model.vocab
     files = corpus_files(args.heldout)
     result = evaluate_perplexity(
         model,
@@ -372,7 +376,7 @@ def export_onnx_command(args: argparse.Namespace) -> int:
 
     require_onnx("export-onnx")
     check_output(args.output, args.overwrite)  # before the model is read
-    data = export_onnx(load_bilm(args.model), args.output, args.overwrite, int8=args.int8)
+    data = export_onnx(BiLM.from_pretrained(args.model), args.output, args.overwrite, int8=args.int8)
     print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
     return 0
 
@@ -441,8 +445,6 @@ def tokens_command(args: argparse.Namespace) -> int:
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
-    from .pretrained import DEFAULT_MODEL
-
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
@@ -495,11 +497,17 @@ def start_state_command(args: argparse.Namespace) -> int:
     model (--out) or into a model folder of the user's (--write); compare the modes."""
     from .devices import resolve_device
     from .export import check_new_folder, copy_with_start_state
-    from .pretrained import refuse_package_path
+    from .hub import refuse_package_path
     from .start_state import estimate_start_state, sentence_losses
     from .weights import write_start_state
 
-    options, weights = model_files(args.model_dir)
+    source = resolve_model(args.model_dir)  # every model embed takes
+    if source.kind == "manylangs":
+        raise ValueError(
+            f"{args.model_dir} is an ELMoForManyLangs model: start-state writes the state into a "
+            "weight file of bilm-tf's layout, which elmokit cannot write for it"
+        )
+    options, weights = source.files()
     device = resolve_device(args.device)
     if args.out:  # every output is checked before the work
         check_new_folder(args.out)
@@ -513,16 +521,16 @@ def start_state_command(args: argparse.Namespace) -> int:
         state = estimate_start_state(bilm, sentences, rows=args.rows, progress=not args.quiet)
     print(f"start state: mean boundary state over {len(sentences):,} sentences of {args.text}")
     if args.out:
-        out = copy_with_start_state(weights.parent, args.out, state)
-        print(f"wrote {out}: a copy of {weights.parent} whose weights.hdf5 holds this start state")
+        out = copy_with_start_state(options, weights, args.out, state)
+        print(f"wrote {out}: a copy of {weights.parent} whose {weights.name} holds this start state")
     if args.write:
         write_start_state(weights, weights, state)
         print(f"written to {weights} (datasets start_state/h, start_state/c)")
     if args.heldout:
         from .evaluate import evaluate_perplexity
-        from .export import load_language_model
 
-        lm, vocab = load_language_model(args.model_dir, device=device)
+        lm = LanguageModel.from_pretrained(args.model_dir, device=device)
+        vocab = lm.vocab
         held = _read_sentences(args.heldout, None)  # all of it, as the stream protocol
         stream = evaluate_perplexity(lm, vocab, args.heldout, device=device, progress=not args.quiet)
         print(f"held-out {args.heldout}: perplexity forward / backward / average")
@@ -544,10 +552,11 @@ def start_state_command(args: argparse.Namespace) -> int:
 
 def score_command(args: argparse.Namespace) -> int:
     """Log-probability and perplexity of every sentence of a file, as JSON lines or TSV."""
-    from .scoring import load_scoring_model, score_file
+    from .scoring import score_file
 
     try:
-        model, vocabulary = load_scoring_model(args.model, device=args.device)
+        model = LanguageModel.from_pretrained(args.model, device=args.device)
+        vocabulary = model.vocab
         summary = score_file(
             model,
             vocabulary,
@@ -624,10 +633,11 @@ def _substitutes_table(result: Any) -> str:
 
 def substitutes_command(args: argparse.Namespace) -> int:
     """The words the model predicts at one position of a sentence."""
-    from .scoring import load_scoring_model, substitutes
+    from .scoring import substitutes
 
     tokens = " ".join(args.sentence).split()
-    model, vocabulary = load_scoring_model(args.model, device=args.device)
+    model = LanguageModel.from_pretrained(args.model, device=args.device)
+    vocabulary = model.vocab
     result = substitutes(model, vocabulary, tokens, args.word, k=args.k, mode=args.mode)
     print(json.dumps(result.to_dict(), ensure_ascii=False) if args.json else _substitutes_table(result))
     return 0
@@ -668,8 +678,8 @@ def _scoring_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help="a model with its softmax: exported folder (with softmax.hdf5), training save dir, "
-        f"or shipped model name (default {DEFAULT_MODEL})",
+        help="a model with its softmax (softmax.hdf5 and vocab.txt beside its weights): a training "
+        f"save dir, or any form of --model elsewhere (default {DEFAULT_MODEL})",
     )
     p.add_argument(
         "--mode",
@@ -682,7 +692,7 @@ def _scoring_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def models_command(args: argparse.Namespace) -> int:
     """The models elmokit ships and can download, with their sources and whether they are cached."""
-    from .registry import format_models, model_rows
+    from .hub.registry import format_models, model_rows
 
     rows = model_rows()
     print(json.dumps(rows, indent=2, ensure_ascii=False) if args.json else format_models(rows))
@@ -691,9 +701,16 @@ def models_command(args: argparse.Namespace) -> int:
 
 def download_command(args: argparse.Namespace) -> int:
     """Download a known model or a URL into the cache, verified; say where it went."""
-    from .sources import download_model
+    from .hub import download_model
+    from .options import BiLMOptions
+    from .weights import open_hdf5
 
-    for line in download_model(args.model, force=args.force, progress=False if args.quiet else None):
+    lines, source = download_model(args.model, force=args.force, progress=False if args.quiet else None)
+    if source is not None and source.kind == "bilm":  # what can be checked without building the model
+        options, weights = source.files()
+        BiLMOptions.from_file(options)
+        open_hdf5(weights).close()
+    for line in lines:
         print(line)
     return 0
 
@@ -844,7 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=train_command, parser=p)
 
     p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
-    p.add_argument("model_dir", help="training save dir or exported model folder")
+    p.add_argument("model_dir", help="training save dir, or a model with its softmax in any form of --model")
     p.add_argument("--heldout", required=True, help="glob of held-out files")
     p.add_argument("--batch-size", type=_ranged(int, low=1), default=256, help="parallel streams")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -919,16 +936,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="The shipped models and the public models elmokit downloads by name (AllenNLP, "
         "NLPL repository, SeqVec, ELMoForManyLangs), with their URLs and whether they are in the "
         "cache ($ELMOKIT_CACHE, else the user cache folder). Any --model also takes a folder, a "
-        ".zip archive or a URL.",
+        ".zip archive, a URL or hf://owner/name[@revision].",
     )
     p.add_argument("--json", action="store_true", help="everything known of each model, as JSON")
     p.set_defaults(func=models_command)
 
     p = sub.add_parser(
         "download",
-        help="download a known model or a URL into the cache (verified) and print where it went",
+        help="download a known model, a URL or an hf:// repository into the cache (verified) and print "
+        "where it went",
     )
-    p.add_argument("model", metavar="NAME|URL", help="a name from `elmokit models`, or a URL")
+    p.add_argument(
+        "model",
+        metavar="NAME|URL|hf://owner/name[@revision]",
+        help="a name from `elmokit models`, a URL, or a Hugging Face Hub repository",
+    )
     p.add_argument("--force", action="store_true", help="download again even if it is cached")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=download_command)

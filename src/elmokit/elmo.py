@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from .bilm import BiLM, CarriedState
+from .hub import resolve_model
 from .scalar_mix import ScalarMix
-from .sources import load_bilm
+
+__all__ = ["Elmo", "ElmoOutput"]
 
 
 @dataclass
@@ -25,10 +27,13 @@ class ElmoOutput:
 class Elmo(nn.Module):
     """Compute ``num_output_representations`` learned mixes of the biLM layers, with dropout.
 
-    Build it from the original files (``Elmo(options_file, weight_file, n)``; each a path or a
-    URL, downloaded into elmokit's cache) or from a BiLM you already have
+    Build it from a model in any form ``BiLM.from_pretrained`` takes (``Elmo("elmo-news-512",
+    num_output_representations=n)``: a name, a folder, an archive, a URL, ``hf://``), from the
+    original files (``Elmo(options_file, weight_file, num_output_representations=n)``; each a path
+    or a URL, downloaded into elmokit's cache) or from a BiLM you already have
     (``Elmo(bilm=model, num_output_representations=n)``); each mix's weights and gamma are
-    trained with the task model.
+    trained with the task model. Every argument after the model is keyword-only
+    (``elmokit.compat.allennlp.Elmo`` keeps AllenNLP's positional order).
 
     ``requires_grad=False`` (default): no gradient reaches the biLM, because Elmo runs it under
     ``torch.no_grad()``. A biLM that Elmo loads itself is also frozen (its parameters get
@@ -41,26 +46,32 @@ class Elmo(nn.Module):
 
     def __init__(
         self,
-        options_file: str | Path | None = None,
-        weight_file: str | Path | None = None,
+        model: str | os.PathLike | None = None,
+        weight_file: str | os.PathLike | None = None,
+        *,
         num_output_representations: int = 1,
         dropout: float = 0.5,
         requires_grad: bool = False,
         do_layer_norm: bool = False,
         keep_sentence_boundaries: bool = False,
         stateful: bool | None = None,
-        *,
         bilm: BiLM | None = None,
         scalar_mix_parameters: list[float] | None = None,
     ) -> None:
         super().__init__()
         if bilm is None:
-            if options_file is None or weight_file is None:
-                raise ValueError("give options_file and weight_file, or bilm=")
-            bilm = load_bilm(options_file, weight_file)  # each a path or a URL
+            if model is None:
+                raise ValueError(
+                    "give a model (a name, folder, archive, URL or hf:// spec; or options_file and "
+                    "weight_file), or bilm="
+                )
+            if weight_file is None:
+                bilm = BiLM.from_pretrained(model)
+            else:  # an options file and a weight file, each a path or a URL
+                bilm = BiLM.load(*resolve_model(model, weight_file).files())
             bilm.requires_grad_(requires_grad)  # Elmo's own biLM
-        elif options_file is not None or weight_file is not None:
-            raise ValueError("give either options_file and weight_file or bilm=, not both")
+        elif model is not None or weight_file is not None:
+            raise ValueError("give either a model (or options_file and weight_file) or bilm=, not both")
         if num_output_representations < 1:
             raise ValueError(
                 f"num_output_representations must be at least 1, got {num_output_representations}"

@@ -34,7 +34,6 @@ from .bilm import BiLM, CarriedState
 from .characters import check_token_lists
 from .devices import resolve_device
 from .lstm import LstmState
-from .sources import load_bilm
 from .textfiles import count_lines, read_lines
 from .token_cache import EncodingCache
 
@@ -295,7 +294,7 @@ class Embedder:
         if isinstance(model, BiLM):
             bilm = model
         else:
-            bilm = load_bilm(model)  # any form: name, folder, .zip, URL; None: the default
+            bilm = BiLM.from_pretrained(model)  # any form: name, folder, .zip, URL, hf://; None: the default
         if device is None:
             device = "cuda" if torch.cuda.is_available() and backend == "torch" else _device(bilm)
         device = resolve_device(device)

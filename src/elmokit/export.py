@@ -13,26 +13,16 @@ import torch
 
 from .atomic import raise_if_signalled, terminate_raises, write_json
 from .checkpoints import (
-    CHECKPOINT_POINTER,
-    CONFIG_FILE,
-    average_weights,
-    checkpoint_folder,
     checkpoint_step,
-    latest_checkpoint,
-    load_checkpoint_file,
     newest_checkpoints,
-    read_json,
     training_summary,
 )
 from .data import Vocabulary
+from .hub import refuse_package_path
 from .language_model import LanguageModel
 from .lstm import LstmState
-from .options import BiLMOptions
-from .pretrained import available_models, model_files, refuse_package_path
 from .weights import (
     SOFTMAX_FILE,
-    load_softmax,
-    load_weights,
     save_options,
     save_softmax,
     save_weights,
@@ -48,46 +38,10 @@ def load_language_model(
     checkpoint: str = "latest",
     average: int | None = None,
 ) -> tuple[LanguageModel, Vocabulary]:
-    """(LanguageModel, Vocabulary) from a training save dir (its "latest" or "best" checkpoint,
-    or with ``average`` the mean of its newest ``average`` checkpoints: ``average_weights``), an
-    exported model folder or a shipped model's name; the model is in eval mode. ``checkpoint``
-    may also name a checkpoint folder of the save dir (``checkpoint-<step>``). Every checkpoint
-    file read is checked against its manifest (``checkpoints.load_checkpoint_file``)."""
-    folder = Path(model_dir)
-    if not folder.is_dir() and str(model_dir) in available_models():
-        folder = model_files(model_dir)[0].parent  # a shipped model by name
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model folder not found: {folder}")
-    vocab_file = folder / "vocab.txt"
-    if not vocab_file.is_file():
-        raise FileNotFoundError(f"model folder {folder} has no vocab.txt")
-    vocab = Vocabulary.from_file(vocab_file)
-    chosen = checkpoint_folder(folder, checkpoint)
-    if average is not None and (chosen is None or checkpoint != "latest"):
-        raise ValueError(
-            f"--average needs a training save dir and its latest checkpoints; {folder} "
-            + ("is not one" if chosen is None else "was asked for its best checkpoint")
-        )
-    if checkpoint == "best" and chosen is None and latest_checkpoint(folder) is not None:
-        raise FileNotFoundError(f"{folder} has no best checkpoint: the run had no held-out data")
-    if chosen is not None:
-        config = read_json(folder / CONFIG_FILE)
-        model = LanguageModel(config["options"], len(vocab), dropout=0.0)
-        if average is None:
-            weights = load_checkpoint_file(chosen / "model.pt")["model"]
-        else:
-            weights = average_weights(folder, average)[0]
-        model.load_state_dict(weights)
-    else:
-        for name in ("options.json", "weights.hdf5", SOFTMAX_FILE):
-            if not (folder / name).is_file():
-                raise FileNotFoundError(
-                    f"model folder {folder} has neither a checkpoint ('{CHECKPOINT_POINTER}') nor {name}"
-                )
-        model = LanguageModel(BiLMOptions.from_file(folder / "options.json"), len(vocab), dropout=0.0)
-        load_weights(model.bilm, folder / "weights.hdf5")
-        load_softmax(model.softmax, folder / SOFTMAX_FILE)
-    return model.to(device).eval(), vocab
+    """(LanguageModel, Vocabulary) of ``LanguageModel.from_pretrained`` (a training save dir, an
+    exported model folder or any model spec with a softmax), for the training code's callers."""
+    model = LanguageModel.from_pretrained(model_dir, device=device, checkpoint=checkpoint, average=average)
+    return model, model.vocab
 
 
 def export_model(
@@ -148,19 +102,24 @@ def check_new_folder(path: str | Path) -> Path:
     return out
 
 
-def copy_with_start_state(folder: str | Path, out_dir: str | Path, state: LstmState) -> Path:
-    """Write a copy of the model folder ``folder`` (every file) to the new folder ``out_dir``,
-    its weights.hdf5 holding ``state`` as the start state. The copy is made in a hidden folder
-    beside ``out_dir`` and renamed when complete: ``out_dir`` appears whole or not at all."""
-    folder, out = Path(folder), check_new_folder(out_dir)
+def copy_with_start_state(
+    options_file: str | Path, weight_file: str | Path, out_dir: str | Path, state: LstmState
+) -> Path:
+    """Write a copy of a model to the new folder ``out_dir``: every file of the weight file's
+    folder (and the options file as options.json when it lies elsewhere), the weight file
+    holding ``state`` as the start state. The copy is made in a hidden folder beside ``out_dir``
+    and renamed when complete: ``out_dir`` appears whole or not at all."""
+    options, weights, out = Path(options_file), Path(weight_file), check_new_folder(out_dir)
     with terminate_raises():
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.absolute().parent))
         try:
-            for item in sorted(folder.iterdir()):
-                if item.name == "weights.hdf5":
+            for item in sorted(weights.parent.iterdir()):
+                if item.name == weights.name:
                     write_start_state(item, tmp / item.name, state)
                 elif item.is_file():
                     shutil.copyfile(item, tmp / item.name)
+            if options.parent != weights.parent:
+                shutil.copyfile(options, tmp / "options.json")
             mask = os.umask(0)
             os.umask(mask)
             os.chmod(tmp, 0o777 & ~mask)

@@ -9,6 +9,8 @@ call takes the LSTM state to start from and returns the state it reached.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,9 +19,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from .bilm import BiLM
+from .checkpoints import (
+    CHECKPOINT_POINTER,
+    CONFIG_FILE,
+    average_weights,
+    checkpoint_folder,
+    checkpoint_folders,
+    latest_checkpoint,
+    load_checkpoint_file,
+    read_json,
+)
+from .data import Vocabulary
+from .devices import resolve_device
+from .hub import resolve_model
 from .lstm import LstmState
 from .options import BiLMOptions
 from .softmax import Softmax
+from .weights import SOFTMAX_FILE, load_softmax, load_weights
+
+__all__ = ["NO_SOFTMAX", "LanguageModel", "batch_tensors"]
+
+NO_SOFTMAX = (
+    "this model ships no {name}: scoring needs one; export it from a training run with `elmokit export`"
+)
 
 
 def batch_tensors(
@@ -60,6 +82,93 @@ class LanguageModel(nn.Module):
         self.dropout = dropout
         dim = self.bilm.options.lstm.projection_dim
         self.softmax: Softmax | None = None if vocab_size is None else Softmax(vocab_size, dim)
+        self._vocab: Vocabulary | None = None  # the softmax's words, set by from_pretrained
+
+    @property
+    def vocab(self) -> Vocabulary:
+        """The softmax's vocabulary, of a model from ``from_pretrained``; a ValueError otherwise."""
+        if self._vocab is None:
+            raise ValueError(
+                "this language model has no vocabulary: load one with LanguageModel.from_pretrained"
+            )
+        return self._vocab
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        spec: str | os.PathLike | None = None,
+        *,
+        device: str | torch.device | None = None,
+        checkpoint: str = "latest",
+        average: int | None = None,
+        progress: bool | None = None,
+    ) -> LanguageModel:
+        """The biLM with its softmax and ``vocab``, in eval mode on ``device`` (None: cuda if
+        present): from a training
+        save dir (its "latest" or "best" checkpoint, one named ``checkpoint-<step>``, or with
+        ``average`` the mean of its newest ``average`` checkpoints), or from a model in any form
+        ``elmokit.hub.resolve_model`` takes (None: the default shipped model) that holds
+        vocab.txt and softmax.hdf5 beside its weights; one line when it has none. Every
+        checkpoint file read is checked against its manifest."""
+        folder = None if spec is None else Path(os.fspath(spec)).expanduser()
+        if folder is not None and folder.is_dir() and _is_save_dir(folder):
+            model, vocab = cls._from_save_dir(folder, checkpoint, average)
+        else:
+            if average is not None:
+                raise ValueError(
+                    f"--average needs a training save dir and its latest checkpoints; {spec} is not one"
+                )
+            if checkpoint not in ("latest", "best"):  # a model folder has one set of weights: both
+                raise ValueError(f"--checkpoint {checkpoint} needs a training save dir; {spec} is not one")
+            model, vocab = cls._from_model_files(spec, progress)
+        model._vocab = vocab
+        return model.to(resolve_device(device)).eval()
+
+    @classmethod
+    def _from_model_files(
+        cls, spec: str | os.PathLike | None, progress: bool | None
+    ) -> tuple[LanguageModel, Vocabulary]:
+        source = resolve_model(spec, progress=progress)
+        where = f"({source.spec})" if source.folder is None else f"(model folder {source.folder})"
+        softmax, vocab_file = source.extras.get("softmax"), source.extras.get("vocab")
+        if source.kind != "bilm" or softmax is None:
+            raise FileNotFoundError(NO_SOFTMAX.format(name=SOFTMAX_FILE) + f" {where}")
+        if vocab_file is None:
+            raise FileNotFoundError(f"{SOFTMAX_FILE} needs its vocab.txt beside it {where}")
+        vocab = Vocabulary.from_file(vocab_file)
+        options, weights = source.files()
+        model = cls(BiLMOptions.from_file(options), len(vocab), dropout=0.0)
+        load_weights(model.bilm, weights)
+        assert model.softmax is not None
+        load_softmax(model.softmax, softmax)
+        return model, vocab
+
+    @classmethod
+    def _from_save_dir(
+        cls, folder: Path, checkpoint: str, average: int | None
+    ) -> tuple[LanguageModel, Vocabulary]:
+        vocab_file = folder / "vocab.txt"
+        if not vocab_file.is_file():
+            raise FileNotFoundError(f"model folder {folder} has no vocab.txt")
+        vocab = Vocabulary.from_file(vocab_file)
+        chosen = checkpoint_folder(folder, checkpoint)
+        if average is not None and checkpoint != "latest":
+            raise ValueError(
+                f"--average needs a training save dir and its latest checkpoints; {folder} was asked "
+                "for its best checkpoint"
+            )
+        if chosen is None:
+            if checkpoint == "best" and latest_checkpoint(folder) is not None:
+                raise FileNotFoundError(f"{folder} has no best checkpoint: the run had no held-out data")
+            raise FileNotFoundError(f"{folder} has no {checkpoint} checkpoint")
+        config = read_json(folder / CONFIG_FILE)
+        model = cls(config["options"], len(vocab), dropout=0.0)
+        if average is None:
+            weights = load_checkpoint_file(chosen / "model.pt")["model"]
+        else:
+            weights = average_weights(folder, average)[0]
+        model.load_state_dict(weights)
+        return model, vocab
 
     def hidden_states(
         self, char_ids: torch.Tensor, state: LstmState | None = None, lengths: torch.Tensor | None = None
@@ -115,3 +224,9 @@ class LanguageModel(nn.Module):
         if self.softmax is None:
             raise ValueError("this LanguageModel has no softmax (it was made without a vocab_size)")
         return self.softmax
+
+
+def _is_save_dir(folder: Path) -> bool:
+    """Whether ``folder`` is a training save dir: its ``latest`` pointer or checkpoint folders."""
+    pointer = folder / CHECKPOINT_POINTER
+    return pointer.exists() or pointer.is_symlink() or bool(checkpoint_folders(folder))

@@ -9,7 +9,11 @@ ELMoForManyLangs' package: elmokit ships copies (``manylangs_configs/``) and loo
 ``Embedder`` looks: the path from the model folder, the file name in the folder, the copies
 (for a model in elmokit's cache, a downloaded or unpacked archive, the path only inside it).
 
-What differs from bilm-tf, and where it goes in elmokit's model (``ManyLangsBiLM``):
+``read_manylangs(folder)`` reads a folder into what ``BiLM`` is built from: options, the input
+scheme (``ManyLangsInputs``) and the tensors in elmokit's layout; ``BiLM.from_pretrained(folder)``
+builds the model (this module does not import ``BiLM``).
+
+What differs from bilm-tf, and where it goes in elmokit's model:
 - characters are code points numbered by ``char.dic``, not UTF-8 bytes; a token longer than
   ``max_characters_per_token - 2`` code points keeps its first ones (its word is looked up
   truncated too). A token is ``[<eow>, chars..., <bow>, <pad>...]``: ELMoForManyLangs swaps its
@@ -29,11 +33,11 @@ What differs from bilm-tf, and where it goes in elmokit's model (``ManyLangsBiLM
   skip connections from the second layer on, always a projection.
 - layers for downstream use: the token vector doubled, [x; x], then [forward; backward] per LSTM
   layer, as elmokit's; ``sents2elmo(..., output_layer)``: -2 all layers, -1 their average, k
-  layer k (``ManyLangsEmbedder``).
+  layer k (``elmokit.compat.manylangs.ManyLangsEmbedder``).
 - its ``Embedder`` never resets its encoder: batch row r starts from the state row r reached in
-  the previous batch, from call to call (AllenNLP's ``_EncoderBase``). ``stateful=True`` gives
-  exactly that (``StatefulBiLM``); elmokit's ``Embedder(mode="stateful")`` carries states the same
-  way.
+  the previous batch, from call to call (AllenNLP's ``_EncoderBase``).
+  ``BiLM.from_pretrained(folder, stateful=True)`` gives exactly that (``StatefulBiLM``); elmokit's
+  ``Embedder(mode="stateful")`` carries states the same way.
 """
 
 from __future__ import annotations
@@ -43,13 +47,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import bounds
-from .bilm import BiLM, StatefulBiLM
-from .char_cnn import TokenEncoder
-from .characters import check_token_lists
+from .hub import cache_dir
+from .hub.archives import UNPACKED
+from .inputs import InputScheme
 from .lstm import FORGET_BIAS
 from .options import (
     BiLMOptions,
@@ -64,17 +67,19 @@ from .options import (
 from .tensorfiles import TensorFileError, load_tensors
 
 __all__ = [
-    "ManyLangsBiLM",
-    "ManyLangsEmbedder",
+    "CONFIGS_DIR",
+    "ManyLangsConfig",
     "ManyLangsError",
-    "StatefulManyLangsBiLM",
-    "is_manylangs_folder",
-    "load_manylangs",
+    "ManyLangsInputs",
+    "ManyLangsModel",
+    "model_config_file",
+    "read_dictionary",
+    "read_manylangs",
+    "read_model_config",
 ]
 
 CONFIGS_DIR = Path(__file__).parent / "manylangs_configs"  # copies of the configs of its package
 REQUIRED_FILES = ("config.json", "char.dic", "token_embedder.pkl", "encoder.pkl")  # + word.dic
-MODEL_FILES = ("char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")
 BOUNDARY_TOKENS = ("<bos>", "<eos>")
 CHAR_SPECIALS = ("<bos>", "<eos>", "<oov>", "<pad>", "<bow>", "<eow>")
 WORD_SPECIALS = ("<oov>", "<pad>")
@@ -87,16 +92,6 @@ class ManyLangsError(ValueError):
 
 
 # -- what a folder holds ---------------------------------------------------------------------
-def is_manylangs_folder(path: Path) -> bool:
-    """Whether ``path`` is an ELMoForManyLangs model folder: a ``config.json`` (and no bilm-tf
-    ``options.json``) beside at least one of its model files; ``load_manylangs`` names any file
-    that is missing."""
-    path = Path(path)
-    if not path.is_dir() or not (path / "config.json").is_file() or (path / "options.json").exists():
-        return False
-    return any((path / name).is_file() for name in MODEL_FILES)
-
-
 def model_config_file(folder: Path) -> Path:
     """The model config that ``config.json``'s ``config_path`` names, where ELMoForManyLangs'
     Embedder finds it: relative to the folder (or absolute), its file name in the folder, or its
@@ -128,11 +123,8 @@ def model_config_file(folder: Path) -> Path:
 
 def _archive_root(folder: Path) -> Path | None:
     """For a folder in elmokit's cache, the unpacked archive it belongs to (the nearest folder
-    named ``unpacked``, where ``elmokit.sources`` unpacks archives; else the folder itself);
+    named ``unpacked``, where ``elmokit.hub`` unpacks archives; else the folder itself);
     None for a folder outside the cache (a user's own)."""
-    from .archives import UNPACKED
-    from .download import cache_dir
-
     cache, here = cache_dir().resolve(), folder.resolve()
     if not here.is_relative_to(cache):
         return None
@@ -256,20 +248,36 @@ def read_dictionary(path: Path) -> dict[str, int]:
 
 
 # -- token -> ids ----------------------------------------------------------------------------
-class Vocabulary:
-    """ELMoForManyLangs' char and word dictionaries: tokens -> input ids (n_tokens, max_chars
-    [+ 1 word id]), shifted by +1 (0 = no token), as ``ManyLangsBiLM`` reads them."""
+class ManyLangsInputs(InputScheme):
+    """ELMoForManyLangs' input scheme: its char and word dictionaries make a token's input ids
+    (n_tokens, max_chars [+ 1 word id]), shifted by +1 (0 = no token); sentences are wrapped in
+    <bos> and <eos>; the token encoder pads with <pad>, concatenates the word embedding (when
+    ``word_dim`` > 0) and always projects."""
 
-    def __init__(self, chars: dict[str, int], words: dict[str, int] | None, max_chars: int) -> None:
+    boundary_tokens = BOUNDARY_TOKENS
+    always_project = True
+    ids_from = "the model's own batch_to_ids (bilm.batch_to_ids(sentences))"
+    not_writable = (
+        "an ELMoForManyLangs model cannot be written in bilm-tf's layout (its characters are "
+        "numbered by its own char.dic, which options.json cannot say)"
+    )
+
+    def __init__(
+        self, chars: dict[str, int], words: dict[str, int] | None, max_chars: int, word_dim: int = 0
+    ) -> None:
+        super().__init__(max_chars)
         self.chars, self.words, self.max_chars = chars, words, max_chars
         # ELMoForManyLangs' create_one_batch: `bow_id, eow_id = char2id['<eow>'], char2id['<bow>']`
         self.begin, self.end = chars["<eow>"], chars["<bow>"]
         self.char_oov, self.char_pad = chars["<oov>"], chars["<pad>"]
         self.word_oov = None if words is None else words["<oov>"]
         self.width = max_chars + (words is not None)
+        self.padding_id = self.char_pad + 1
+        self.word_embedding = None if words is None else (_rows(words) + 1, word_dim)
 
-    def token_ids(self, tokens: Sequence[str]) -> torch.Tensor:
-        """LongTensor (n_tokens, width): each token's shifted char ids [, word id]."""
+    def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
+        """LongTensor (n_tokens, width): each token's shifted char ids [, word id] (no cache:
+        ``cache`` is ignored)."""
         rows = []
         chars, oov, limit = self.chars, self.char_oov, self.max_chars - 2
         for token in tokens:
@@ -285,50 +293,20 @@ class Vocabulary:
 
 
 # -- the model -------------------------------------------------------------------------------
-class ManyLangsBiLM(BiLM):
-    """An ELMoForManyLangs biLM: elmokit's ``BiLM`` with ELMoForManyLangs' inputs (its
-    ``token_ids`` and ``batch_to_ids`` use the model's dictionaries) and token encoder (optional
-    word embedding, always a projection). ``load_manylangs`` builds one from a model folder."""
+@dataclass(frozen=True)
+class ManyLangsModel:
+    """What an ELMoForManyLangs folder holds, ready for ``BiLM(options, inputs)`` and its
+    ``load_state_dict(tensors)``: every parameter, in elmokit's layout."""
 
-    boundary_tokens = BOUNDARY_TOKENS
-    _IDS_FROM = "the model's own batch_to_ids (bilm.batch_to_ids(sentences))"
-
-    def __init__(self, options: BiLMOptions, vocabulary: Vocabulary, word_dim: int = 0) -> None:
-        # set before BiLM.__init__, which builds the token encoder and the boundary ids from them
-        self.vocabulary, self.word_dim = vocabulary, word_dim
-        super().__init__(options)
-
-    def _make_token_encoder(self, options: BiLMOptions) -> TokenEncoder:
-        vocabulary = self.vocabulary
-        words = None if vocabulary.words is None else (_rows(vocabulary.words) + 1, self.word_dim)
-        return TokenEncoder(
-            options.char_cnn,
-            options.lstm.projection_dim,
-            padding_id=vocabulary.char_pad + 1,
-            word_embedding=words,
-            always_project=True,
-        )
-
-    def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
-        """Input ids (n_tokens, max_chars [+ 1]) from the model's dictionaries (see ``Vocabulary``)."""
-        return self.vocabulary.token_ids(tokens)
-
-    def save(self, options_file: str | Path, weight_file: str | Path) -> None:
-        raise ValueError(
-            "an ELMoForManyLangs model cannot be written in bilm-tf's layout (its characters are "
-            "numbered by its own char.dic, which options.json cannot say)"
-        )
+    options: BiLMOptions
+    inputs: ManyLangsInputs
+    tensors: dict[str, torch.Tensor]
 
 
-class StatefulManyLangsBiLM(ManyLangsBiLM, StatefulBiLM):
-    """An ELMoForManyLangs biLM that carries each batch row's states into the next call, as
-    its own ``Embedder`` does (``StatefulBiLM``; ``reset_states()`` starts again from zeros)."""
-
-
-def load_manylangs(folder: Path, stateful: bool = False) -> BiLM:
-    """An ELMoForManyLangs model folder as an elmokit biLM (a ``ManyLangsBiLM``, a
-    ``StatefulManyLangsBiLM`` with ``stateful=True``), in eval mode. Errors are one line: a
-    missing file is named, as is a weight, dictionary entry or config field that does not fit."""
+def read_manylangs(folder: Path) -> ManyLangsModel:
+    """Read an ELMoForManyLangs model folder (``BiLM.from_pretrained(folder)`` builds the model
+    from it). Errors are one line: a missing file is named, as is a weight, dictionary entry or
+    config field that does not fit."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no ELMoForManyLangs model folder {folder}")
@@ -354,10 +332,8 @@ def load_manylangs(folder: Path, stateful: bool = False) -> BiLM:
     _check_rows(folder / "char.dic", chars, token_embedder["char_emb_layer.embedding.weight"], "char")
     if words is not None:
         _check_rows(folder / "word.dic", words, token_embedder["word_emb_layer.embedding.weight"], "word")
-    vocabulary = Vocabulary(chars, words, cnn.max_characters_per_token)
-    bilm = (StatefulManyLangsBiLM if stateful else ManyLangsBiLM)(options, vocabulary, config.word_dim)
-    _copy_weights(bilm, token_embedder, encoder)
-    return bilm.eval()
+    inputs = ManyLangsInputs(chars, words, cnn.max_characters_per_token, config.word_dim)
+    return ManyLangsModel(options, inputs, _elmokit_tensors(options, token_embedder, encoder))
 
 
 # -- weights ---------------------------------------------------------------------------------
@@ -438,41 +414,50 @@ def _check_rows(path: Path, entries: dict[str, int], embedding: torch.Tensor, wh
         )
 
 
-def _copy_weights(
-    bilm: ManyLangsBiLM, embedder: dict[str, torch.Tensor], encoder: dict[str, torch.Tensor]
-) -> None:
-    """ELMoForManyLangs' tensors into elmokit's layout (see the module docstring)."""
-    tokens = bilm.token_encoder
-    dim = bilm.options.lstm.dim
-    with torch.no_grad():
-        tokens.char_cnn.embedding.weight.copy_(_with_zero_row(embedder["char_emb_layer.embedding.weight"]))
-        if tokens.word_embedding is not None:
-            tokens.word_embedding.weight.copy_(_with_zero_row(embedder["word_emb_layer.embedding.weight"]))
-        for k, conv in enumerate(tokens.char_cnn.convolutions):
-            conv.weight.copy_(embedder[f"convolutions.{k}.weight"])
-            conv.bias.copy_(embedder[f"convolutions.{k}.bias"])
-        n = tokens.char_cnn.output_dim
-        for k, (carry, transform) in enumerate(zip(tokens.highway.carry, tokens.highway.transform)):
-            # AllenNLP: y = g * x + (1 - g) * relu(W[:n] x), g = sigmoid(W[n:] x); elmokit's carry
-            # gate multiplies the transform: 1 - sigmoid(z) = sigmoid(-z)
-            weight, bias = embedder[f"highways._layers.{k}.weight"], embedder[f"highways._layers.{k}.bias"]
-            transform.weight.copy_(weight[:n])
-            transform.bias.copy_(bias[:n])
-            carry.weight.copy_(-weight[n:])
-            carry.bias.copy_(-bias[n:])
-        assert tokens.projection is not None
-        tokens.projection.weight.copy_(embedder["projection.weight"])
-        tokens.projection.bias.copy_(embedder["projection.bias"])
-        for k, layer in enumerate(bilm.lstm.layers):
-            for d, direction in enumerate(("forward", "backward")):
-                cell = f"{direction}_layer_{k}"
-                layer.weight_input[d].copy_(_gates(encoder[f"{cell}.input_linearity.weight"]).T)
-                layer.weight_hidden[d].copy_(_gates(encoder[f"{cell}.state_linearity.weight"]).T)
-                bias = _gates(encoder[f"{cell}.state_linearity.bias"])
-                bias[2 * dim : 3 * dim] -= FORGET_BIAS  # elmokit's cell adds it back
-                layer.bias[d].copy_(bias)
-                assert layer.weight_projection is not None
-                layer.weight_projection[d].copy_(encoder[f"{cell}.state_projection.weight"].T)
+def _elmokit_tensors(
+    options: BiLMOptions, embedder: dict[str, torch.Tensor], encoder: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """ELMoForManyLangs' tensors in elmokit's layout: ``BiLM``'s state dict names (see the module
+    docstring)."""
+    chars = _with_zero_row(embedder["char_emb_layer.embedding.weight"])
+    tensors = {"token_encoder.char_cnn.embedding.weight": chars}
+    for k in range(len(options.char_cnn.filters)):
+        for name in ("weight", "bias"):
+            tensors[f"token_encoder.char_cnn.convolutions.{k}.{name}"] = embedder[f"convolutions.{k}.{name}"]
+    n = options.char_cnn.n_filters
+    for k in range(options.char_cnn.n_highway):
+        # AllenNLP: y = g * x + (1 - g) * relu(W[:n] x), g = sigmoid(W[n:] x); elmokit's carry
+        # gate multiplies the transform: 1 - sigmoid(z) = sigmoid(-z)
+        weight, bias = embedder[f"highways._layers.{k}.weight"], embedder[f"highways._layers.{k}.bias"]
+        tensors[f"token_encoder.highway.carry.{k}.weight"] = -weight[n:]
+        tensors[f"token_encoder.highway.carry.{k}.bias"] = -bias[n:]
+        tensors[f"token_encoder.highway.transform.{k}.weight"] = weight[:n]
+        tensors[f"token_encoder.highway.transform.{k}.bias"] = bias[:n]
+    if "word_emb_layer.embedding.weight" in embedder:
+        words = _with_zero_row(embedder["word_emb_layer.embedding.weight"])
+        tensors["token_encoder.word_embedding.weight"] = words
+    tensors["token_encoder.projection.weight"] = embedder["projection.weight"]
+    tensors["token_encoder.projection.bias"] = embedder["projection.bias"]
+    dim = options.lstm.dim
+    for k in range(options.lstm.n_layers):
+        cells = [f"{direction}_layer_{k}" for direction in ("forward", "backward")]
+        biases = []
+        for cell in cells:
+            bias = _gates(encoder[f"{cell}.state_linearity.bias"])
+            bias[2 * dim : 3 * dim] -= FORGET_BIAS  # elmokit's cell adds it back
+            biases.append(bias)
+        layer = f"lstm.layers.{k}"
+        tensors[f"{layer}.weight_input"] = torch.stack(
+            [_gates(encoder[f"{cell}.input_linearity.weight"]).T for cell in cells]
+        )
+        tensors[f"{layer}.weight_hidden"] = torch.stack(
+            [_gates(encoder[f"{cell}.state_linearity.weight"]).T for cell in cells]
+        )
+        tensors[f"{layer}.bias"] = torch.stack(biases)
+        tensors[f"{layer}.weight_projection"] = torch.stack(
+            [encoder[f"{cell}.state_projection.weight"].T for cell in cells]
+        )
+    return tensors
 
 
 def _gates(tensor: torch.Tensor) -> torch.Tensor:
@@ -483,73 +468,6 @@ def _gates(tensor: torch.Tensor) -> torch.Tensor:
 
 def _with_zero_row(embedding: torch.Tensor) -> torch.Tensor:
     return torch.cat([embedding.new_zeros(1, embedding.shape[1]), embedding])
-
-
-# -- ELMoForManyLangs' Embedder ----------------------------------------------------------------
-class ManyLangsEmbedder:
-    """ELMoForManyLangs' ``Embedder(model_dir, batch_size=64)`` on elmokit, with its numbers:
-    ``sents2elmo(sents, output_layer=-1)`` returns one float32 array per sentence, in input
-    order: (num_layers, n_tokens, dim) for ``output_layer=-2``, their average (n_tokens, dim) for
-    -1, layer k for k (0 = the token layer [x; x]).
-
-    As ELMoForManyLangs does, each call sorts its sentences by length (longest first, stable),
-    cuts them into batches of ``batch_size`` and carries each batch row's LSTM states into the
-    next batch, from call to call (``reset_states()`` starts again from zeros); an empty
-    sentence or token is embedded as it does (a sentence of ``<bos> <eos>`` gives an array of no
-    tokens and still moves its row's state). ELMoForManyLangs runs a call's batches in an order
-    drawn with ``random.shuffle``; here they run longest first, so a call of more than
-    ``batch_size`` sentences gives its numbers for that batch order (one batch: always).
-    """
-
-    def __init__(
-        self, model_dir: str | Path, batch_size: int = 64, device: str | torch.device | None = None
-    ) -> None:
-        from .devices import resolve_device
-
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        bilm = load_manylangs(Path(model_dir), stateful=True)
-        assert isinstance(bilm, StatefulManyLangsBiLM)
-        self.bilm = bilm
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.bilm.to(resolve_device(device))
-        self.batch_size = batch_size
-
-    def reset_states(self) -> None:
-        """Forget the carried states (the next batch starts from zeros)."""
-        self.bilm.reset_states()
-
-    @torch.inference_mode()
-    def sents2elmo(self, sents: Sequence[Sequence[str]], output_layer: int = -1) -> list[np.ndarray]:
-        check_token_lists(sents)
-        if len(sents) == 0:
-            raise ValueError("empty sentence list: give at least one sentence")
-        n_layers = self.bilm.num_layers
-        if (
-            isinstance(output_layer, bool)
-            or not isinstance(output_layer, int)
-            or not -2 <= output_layer < n_layers
-        ):
-            raise ValueError(
-                f"output_layer must be -2 (all layers), -1 (their average) or a layer 0..{n_layers - 1}, "
-                f"got {output_layer!r}"
-            )
-        order = sorted(range(len(sents)), key=lambda i: -len(sents[i]))
-        device = self.bilm._boundary_ids.device
-        results: list[np.ndarray] = [np.empty(0)] * len(sents)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            out = self.bilm(self.bilm.batch_to_ids([sents[i] for i in rows]).to(device))
-            layers = out.layers.float().cpu().numpy()
-            for row, i in enumerate(rows):
-                data = layers[:, row, : len(sents[i])]
-                if output_layer == -1:
-                    data = data.mean(axis=0)  # what np.average(data, axis=0) computes
-                elif output_layer >= 0:
-                    data = data[output_layer]
-                results[i] = np.ascontiguousarray(data)
-        return results
 
 
 # -- helpers ---------------------------------------------------------------------------------

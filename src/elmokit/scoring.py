@@ -58,18 +58,10 @@ import torch.nn.functional as F
 
 from .atomic import atomic_path, check_output, is_stream
 from .characters import batch_to_ids, check_token_lists
-from .checkpoints import CHECKPOINT_POINTER
 from .data import SPECIAL_TOKENS, Vocabulary
-from .devices import resolve_device
-from .download import is_url
 from .embed import _evaluating, _tokenizer
-from .export import load_language_model
-from .language_model import LanguageModel
-from .pretrained import DEFAULT_MODEL, MODELS_DIR
-from .registry import find
-from .sources import resolve_model
+from .language_model import NO_SOFTMAX, LanguageModel
 from .textfiles import count_lines, read_lines
-from .weights import SOFTMAX_FILE
 
 __all__ = [
     "FORMATS",
@@ -78,7 +70,6 @@ __all__ = [
     "SentenceScore",
     "Substitutes",
     "WordDistributions",
-    "load_scoring_model",
     "score_file",
     "score_sentences",
     "substitutes",
@@ -87,9 +78,6 @@ __all__ = [
 
 MODES = ("warm", "zero")
 FORMATS = ("jsonl", "tsv")
-NO_SOFTMAX = (
-    "this model ships no {name}: scoring needs one; export it from a training run with `elmokit export`"
-)
 # Positions whose logits over the vocabulary exist at once: 4M logits (16 MB) ran 1.4x as fast as
 # the softmax's own 32M-logit chunks on one core (the log-softmax stays in cache).
 SOFTMAX_CHUNK_LOGITS = 1 << 22
@@ -105,31 +93,6 @@ FIELDS = (
     "backward_perplexity",
     "perplexity",
 )
-
-
-# -- the model ----------------------------------------------------------------------------------
-def load_scoring_model(
-    model: str | os.PathLike | None = None, device: str | torch.device | None = None
-) -> tuple[LanguageModel, Vocabulary]:
-    """(LanguageModel, Vocabulary) with the softmax, in eval mode on ``device`` (None: cuda if
-    present), from a shipped model name, an exported model folder (options.json, weights.hdf5,
-    vocab.txt, softmax.hdf5), a .zip archive of one (or its URL) or a training save dir; None is
-    the default shipped model."""
-    name = DEFAULT_MODEL if model is None else model
-    folder = Path(name)
-    if not folder.is_dir() and (MODELS_DIR / str(name)).is_dir():
-        folder = MODELS_DIR / str(name)
-    if not folder.is_dir() and (is_url(str(name)) or folder.is_file() or find(str(name)) is not None):
-        source = resolve_model(name)  # a .zip archive, its URL or a known model's name
-        if source.folder is None:
-            raise FileNotFoundError(NO_SOFTMAX.format(name=SOFTMAX_FILE) + f" ({name})")
-        folder = source.folder
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model folder not found: {name}")
-    is_save_dir = (folder / CHECKPOINT_POINTER).is_file()
-    if not is_save_dir and (folder / "options.json").is_file() and not (folder / SOFTMAX_FILE).is_file():
-        raise FileNotFoundError(NO_SOFTMAX.format(name=SOFTMAX_FILE) + f" (model folder {folder})")
-    return load_language_model(folder, device=resolve_device(device))
 
 
 def _check_model(model: LanguageModel, vocab: Vocabulary, mode: str) -> None:

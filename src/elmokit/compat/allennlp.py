@@ -19,7 +19,7 @@ with ``load_state_dict``: its biLM keys are converted to elmokit's.
 Also kept from AllenNLP: masks are int64 tensors (0/1); an empty sentence embeds as
 ``numpy.zeros((3, 0, 1024))`` (float64, 1024 whatever the model's size); ``embed_file`` refuses
 blank lines and writes dataset ``"i"`` per line plus ``"sentence_to_index"``. Different: files
-are local paths or URLs (downloaded into elmokit's cache, verified; see elmokit.download), the
+are local paths or URLs (downloaded into elmokit's cache, verified; see elmokit.hub), the
 output file is written atomically, and errors are one line.
 """
 

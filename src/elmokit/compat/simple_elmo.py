@@ -67,7 +67,7 @@ from ..characters import (
     END_OF_WORD_CHAR,
     PADDING_CHAR,
 )
-from ..sources import resolve_model
+from ..hub import resolve_model
 
 logger = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ except ImportError as err:  # pragma: no cover - the module is only usable with 
 
 from ..bilm import BiLM, CarriedState
 from ..compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, _evaluating, batch_to_ids
+from ..hub import resolve_model
 from ..lstm import LstmState
-from ..sources import load_bilm
 
 __all__ = ["ELMoEmbeddings"]
 
@@ -71,10 +71,10 @@ def _load_bilm(
     model: str, options_file: str | os.PathLike | None, weight_file: str | os.PathLike | None
 ) -> BiLM:
     if options_file and weight_file:
-        return load_bilm(options_file, weight_file)
+        return BiLM.load(*resolve_model(options_file, weight_file).files())
     if model in FLAIR_MODELS:
-        return load_bilm(*FLAIR_MODELS[model])
-    return load_bilm(model)  # any form elmokit.resolve_model takes
+        return BiLM.load(*resolve_model(*FLAIR_MODELS[model]).files())
+    return BiLM.from_pretrained(model)  # any form elmokit.hub.resolve_model takes
 
 
 @register_embeddings("elmokit.ELMoEmbeddings")

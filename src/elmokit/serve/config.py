@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..embed import Embedder
+from ..hub import DEFAULT_MODEL
+from ..language_model import LanguageModel
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class ServeConfig:
     """Everything ``elmokit serve`` is started with, except the API key (kept out of the
     environment copy that ``--workers`` processes read: they take it from ``ELMOKIT_API_KEY``)."""
 
-    models: tuple[str, ...] = ("elmo-news-512",)
+    models: tuple[str, ...] = (DEFAULT_MODEL,)
     device: str | None = None
     max_batch_tokens: int = 4096
     max_wait_ms: float = 5.0
@@ -114,12 +116,11 @@ class ServedModel:
 def load_model(spec: str, device: str | None, max_batch_tokens: int) -> ServedModel:
     """Load a ``--model`` (see ``model_name``) with its softmax where it has one, and warm it
     up with one sentence."""
-    from ..scoring import load_scoring_model
-
     name, source = model_name(spec)
     language_model = vocab = None
     try:
-        language_model, vocab = load_scoring_model(source, device=device)
+        language_model = LanguageModel.from_pretrained(source, device=device)
+        vocab = language_model.vocab
     except FileNotFoundError:  # no softmax (or not a language model folder): embeddings only
         pass
     bilm = language_model.bilm if language_model is not None else source

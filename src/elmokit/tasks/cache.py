@@ -28,10 +28,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .. import __version__
+from .. import __version__, hub
 from ..atomic import atomic_path
 from ..embed import Embedder
-from ..pretrained import model_files
 from ..weights import UnsafeHDF5Error, WeightFileError, open_hdf5
 
 FORMAT = "elmokit-task-layers-v2"
@@ -42,9 +41,9 @@ __all__ = ["CachedLayers", "LayerCache", "default_cache_dir", "file_sha256", "se
 
 
 def default_cache_dir() -> Path:
-    """$ELMOKIT_CACHE/task-layers, else ~/.cache/elmokit/task-layers."""
-    root = os.environ.get("ELMOKIT_CACHE") or Path.home() / ".cache" / "elmokit"
-    return Path(root) / "task-layers"
+    """``task-layers`` in elmokit's one cache folder (``elmokit.hub.cache_dir()``: $ELMOKIT_CACHE,
+    else the platform's user cache folder)."""
+    return hub.cache_dir() / "task-layers"
 
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}
@@ -128,7 +127,7 @@ class LayerCache:
         device: str | None = None,
         progress: bool = False,
     ) -> None:
-        options, weights = model_files(model)
+        options, weights = hub.model_files(model)
         self.model = str(model)
         self.options_file, self.weights_file = options.resolve(), weights.resolve()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

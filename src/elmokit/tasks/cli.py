@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..pretrained import DEFAULT_MODEL
+from ..hub import DEFAULT_MODEL
 from .models import ModelConfig
 from .train import TASKS, TaskConfig, run_task
 
@@ -50,7 +50,8 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
         "--elmo",
         default=DEFAULT_MODEL,
         metavar="MODEL",
-        help=f"shipped model name or model folder (default {DEFAULT_MODEL})",
+        help="a model in any form elmokit takes: a shipped or known name, a model folder, a .zip "
+        f"archive, a URL or hf://owner/name (default {DEFAULT_MODEL}; not ELMoForManyLangs)",
     )
     elmo.add_argument("--no-elmo", action="store_true", help="the baseline: no ELMo")
     p.add_argument(

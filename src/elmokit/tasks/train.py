@@ -30,7 +30,7 @@ from ..atomic import atomic_path, check_outputs_in, write_bytes, write_json
 from ..bilm import BiLM
 from ..characters import batch_to_ids, token_to_ids
 from ..elmo import Elmo
-from ..pretrained import DEFAULT_MODEL, TINY_REFERENCE, model_files
+from ..hub import DEFAULT_MODEL, TINY_REFERENCE, model_files
 from .cache import CachedLayers, LayerCache, file_sha256
 from .crf import bioes_constraints
 from .models import Batch, Classifier, ModelConfig, Tagger

@@ -1,15 +1,27 @@
-"""Models shipped inside the package (options.json + weights.hdf5 per folder); ``model_files``
-finds the files of any model a user gives (see elmokit.sources)."""
+"""The models shipped inside the package (options.json + weights.hdf5 per folder), their
+names, and the one default model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent  # the installed package
-MODELS_DIR = Path(__file__).parent / "models"
+from .cache import cache_dir
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODELS_DIR",
+    "NEWS_MODEL",
+    "PACKAGE_DIR",
+    "TINY_REFERENCE",
+    "available_models",
+    "refuse_package_path",
+]
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the installed package
+MODELS_DIR = Path(__file__).parent.parent / "models"
 TINY_REFERENCE = "elmo-tiny-reference"  # the original's test model: checks only
 NEWS_MODEL = "elmo-news-512"  # trained by elmokit on English news and Wikipedia, see its README.md
-DEFAULT_MODEL = NEWS_MODEL  # used when no model is given
+DEFAULT_MODEL = NEWS_MODEL  # used wherever no model is given: the one default
 
 
 def available_models() -> list[str]:
@@ -17,30 +29,21 @@ def available_models() -> list[str]:
     return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "options.json").is_file())
 
 
-def model_files(name_or_dir: str | Path) -> tuple[Path, Path]:
-    """(options file, weight file) of a model given in any form ``elmokit.resolve_model`` takes:
-    a shipped or known model's name, a model folder, a .zip archive or its URL."""
-    from .sources import resolve_model
-
-    return resolve_model(name_or_dir).files()
-
-
 def refuse_package_path(path: str | Path, what: str = "output") -> Path:
     """``path`` (resolved), unless it is inside the installed package (its shipped models
     among others) or elmokit's download cache, which elmokit never writes into otherwise: a
     ValueError then says so."""
-    from .download import cache_dir
-
     resolved = Path(path).resolve()
     if resolved == PACKAGE_DIR or PACKAGE_DIR in resolved.parents:
         raise ValueError(
             f"{what} {path} is inside the installed elmokit package ({PACKAGE_DIR}), which elmokit "
             "does not change; give a folder of your own"
         )
-    for cache in (cache_dir().resolve() / "downloads", cache_dir().resolve() / "archives"):
-        if resolved == cache or cache in resolved.parents:
+    cache = cache_dir().resolve()
+    for folder in (cache / "downloads", cache / "archives", cache / "hf"):
+        if resolved == folder or folder in resolved.parents:
             raise ValueError(
-                f"{what} {path} is inside elmokit's download cache ({cache.parent}), which holds "
+                f"{what} {path} is inside elmokit's download cache ({cache}), which holds "
                 "models as their publishers made them; give a folder of your own"
             )
     return resolved

@@ -1,8 +1,15 @@
-"""Downloads into elmokit's cache: one entry per URL, atomic, resumable, verified, offline-aware.
+"""Downloads of plain URLs into elmokit's cache: one entry per URL, atomic, resumable, verified,
+offline-aware.
 
-The cache is ``$ELMOKIT_CACHE``, else the platform's user cache folder (``~/.cache/elmokit`` on
-Linux, ``~/Library/Caches/elmokit`` on macOS, ``%LOCALAPPDATA%\\elmokit\\Cache`` on Windows).
-Each URL has its own folder ``downloads/<sha256(url)[:16]>-<file name>`` holding
+Why this transport is written by hand: huggingface_hub downloads only from a Hub (its
+``hf://`` specs go through it, see ``elmokit.hub.hf``), and pooch, the one well-kept library
+for plain URLs, neither resumes a cut download (no Range/If-Range), nor checks that a file is
+the kind it should be (a captive portal's HTML page saved as weights), nor bounds a server that
+drips bytes, a gzip bomb or a redirect loop, nor says each failure in one line. The published
+ELMo models are plain URLs of several GB on slow academic servers, so those are kept here.
+
+The cache is ``elmokit.hub.cache.cache_dir()``. Each URL has its own folder
+``downloads/<sha256(url)[:16]>-<file name>`` holding
 
 - the file, under its final name only once it is complete and verified;
 - ``.NAME.part`` (+ ``.NAME.part.json``: the server's ETag/Last-Modified, the size and a
@@ -14,7 +21,7 @@ Each URL has its own folder ``downloads/<sha256(url)[:16]>-<file name>`` holding
 - ``meta.json``: url, size, sha256 (and md5), date, and the sha256 of the first download, so a
   later use notices a cached file that changed and a forced download notices a changed publisher
   file;
-- ``unpacked/``: an archive's members (elmokit.sources), removed when the archive is downloaded
+- ``unpacked/``: an archive's members (elmokit.hub.resolve), removed when the archive is downloaded
   again;
 - ``.lock``: two processes fetching the same URL take turns (the second finds the file done).
 
@@ -64,12 +71,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_json
+from .._version import __version__
+from ..atomic import write_json
+from .cache import ENV_CACHE, ENV_OFFLINE, cache_dir, offline
+
+__all__ = [
+    "ChecksumError",
+    "DownloadError",
+    "Expected",
+    "OfflineError",
+    "cached_file",
+    "entry_dir",
+    "fetch",
+    "is_cached",
+    "is_url",
+    "read_meta",
+    "sniff",
+]
 
 logger = logging.getLogger(__name__)
 
-ENV_CACHE = "ELMOKIT_CACHE"
-ENV_OFFLINE = "ELMOKIT_OFFLINE"
 URL_SCHEMES = ("http://", "https://", "s3://")
 TIMEOUT = 30.0  # seconds without an answer (connect or read) before a download is given up
 HEADER_DEADLINE = 60.0  # seconds from the request to the end of the response's headers
@@ -110,21 +131,6 @@ class Expected:
     sha256: str | None = None
     md5: str | None = None
     kind: str | None = None
-
-
-def cache_dir() -> Path:
-    """The cache folder: ``$ELMOKIT_CACHE``, else the platform's user cache folder for elmokit."""
-    given = os.environ.get(ENV_CACHE, "").strip()
-    if given:
-        return Path(given).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("elmokit", appauthor=False))
-
-
-def offline() -> bool:
-    """Whether ``ELMOKIT_OFFLINE`` forbids the network (1, true, yes or on)."""
-    return os.environ.get(ENV_OFFLINE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def is_url(text: str | os.PathLike) -> bool:
@@ -539,8 +545,6 @@ def _transfer(
     expected: Expected,
     progress: bool,
 ) -> Path:
-    from . import __version__
-
     have = resume.have if resume else 0
     headers = {"User-Agent": f"elmokit/{__version__}", "Accept-Encoding": "identity"}
     if resume:

@@ -1,5 +1,6 @@
-"""From what a user gives as a model to the local files: one resolver for every place that
-accepts a model (``Embedder(model=)``, ``Elmo``, the compat classes, every ``--model``).
+"""From what a user gives as a model to the local files: the one resolver behind every place
+that accepts a model (``BiLM.from_pretrained``, ``LanguageModel.from_pretrained``, ``Elmo``,
+``Embedder``, the compat classes, every ``--model``).
 
 A model can be given as
 - a shipped model's name (``elmo-news-512``) or a known model's name (``elmokit models``: it is
@@ -10,6 +11,8 @@ A model can be given as
 - a ``.zip`` archive (NLPL's layout), checked and unpacked safely into the cache, keyed by its
   content;
 - an http(s) URL of such an archive (downloaded into the cache, keyed by the URL);
+- a Hugging Face Hub repository, ``hf://owner/name[@revision]`` (``elmokit.hub.hf``: a snapshot
+  in the cache, then read as a model folder);
 - an options file and a weight file, each a path or a URL, as AllenNLP takes them.
 """
 
@@ -20,19 +23,26 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from . import download
+from . import hf, transport
 from .archives import UNPACKED, ArchiveError, unpack_zip
-from .pretrained import MODELS_DIR, available_models
+from .cache import ENV_CACHE, cache_dir
+from .registry import KnownModel, find
+from .shipped import DEFAULT_MODEL, MODELS_DIR, available_models
 
-if TYPE_CHECKING:
-    from .bilm import BiLM
+__all__ = [
+    "ModelSource",
+    "download_model",
+    "is_manylangs_folder",
+    "model_files",
+    "resolve_file",
+    "resolve_model",
+]
 
 WEIGHT_NAMES = ("weights.hdf5", "model.hdf5", "lm_weights.hdf5")
 OPTIONS_NAME = "options.json"
 EXTRA_NAMES = {"vocab": ("vocab.txt", "vocab.txt.gz"), "softmax": ("softmax.hdf5",)}
-MANYLANGS_FILES = ("config.json", "char.dic", "encoder.pkl", "token_embedder.pkl")
+MANYLANGS_FILES = ("char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")  # + config.json
 _IGNORED = ("__MACOSX",)
 _MAX_DEPTH = 3  # an archive or folder may hold the model a few single folders down
 
@@ -41,7 +51,8 @@ _MAX_DEPTH = 3  # an archive or folder may hold the model a few single folders d
 class ModelSource:
     """Where a model's files are. ``kind``: "bilm" (options.json + HDF5 weights) or
     "manylangs" (an ELMoForManyLangs folder: ``folder`` set, no options/weight file).
-    ``origin``: how it was given: "shipped", "registry", "folder", "archive", "url" or "files".
+    ``origin``: how it was given: "shipped", "registry", "folder", "archive", "url", "hf" or
+    "files".
     ``extras``: other files of the model found beside the weights ("vocab", "softmax")."""
 
     spec: str
@@ -58,22 +69,25 @@ class ModelSource:
         if self.options_file is None or self.weight_file is None:
             raise ValueError(
                 f"{self.spec} is an ELMoForManyLangs model (no options.json + weights): load it with "
-                "elmokit.load_bilm or give it as --model"
+                "elmokit.BiLM.from_pretrained or give it as --model"
             )
         return self.options_file, self.weight_file
 
 
 def resolve_model(
-    spec: str | os.PathLike,
+    spec: str | os.PathLike | None = None,
     weight_file: str | os.PathLike | None = None,
     *,
     progress: bool | None = None,
 ) -> ModelSource:
-    """The local files of a model given in any of the forms above (``weight_file`` given: ``spec``
-    is the options file). Downloads what is not cached unless ELMOKIT_OFFLINE=1; errors are one
-    line (FileNotFoundError, ValueError, DownloadError)."""
+    """The local files of a model given in any of the forms above (None: ``DEFAULT_MODEL``;
+    ``weight_file`` given: ``spec`` is the options file). Downloads what is not cached unless
+    ELMOKIT_OFFLINE=1; errors are one line (FileNotFoundError, ValueError, DownloadError,
+    ImportError for ``hf://`` without huggingface_hub)."""
     if spec is None:
-        raise ValueError("no model given")
+        if weight_file is not None:
+            raise ValueError("a weight file needs its options file")
+        spec = DEFAULT_MODEL
     if weight_file is not None:
         return ModelSource(
             spec=f"{_text(spec)} + {_text(weight_file)}",
@@ -84,7 +98,9 @@ def resolve_model(
             weight_file=resolve_file(weight_file, "weight file", progress=progress),
         )
     text = _text(spec)
-    if download.is_url(text):
+    if hf.is_hf_spec(text):
+        return _from_folder(hf.snapshot(text), text, "hf")
+    if transport.is_url(text):
         return _from_url(text, progress)
     path = Path(text).expanduser()
     if path.is_dir():
@@ -93,8 +109,6 @@ def resolve_model(
         return _from_local_file(path, text)
     if text in available_models():
         return _from_folder(MODELS_DIR / text, text, "shipped", name=text)
-    from .registry import find
-
     known = find(text)
     if known is not None:
         return _from_registry(known, text, progress)
@@ -104,13 +118,19 @@ def resolve_model(
     )
 
 
+def model_files(spec: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """(options file, weight file) of a model given in any form ``resolve_model`` takes; a
+    ValueError for an ELMoForManyLangs model, which has neither."""
+    return resolve_model(spec).files()
+
+
 def resolve_file(path_or_url: str | os.PathLike, what: str, *, progress: bool | None = None) -> Path:
     """One model file (``what``: "options file" or "weight file"): a local path that must be an
     existing file, or a URL, downloaded into the cache (checked to be JSON or HDF5)."""
     text = _text(path_or_url)
-    if download.is_url(text):
+    if transport.is_url(text):
         kind = {"options file": "json", "weight file": "hdf5"}.get(what)
-        return download.fetch(text, download.Expected(kind=kind), progress=progress)
+        return transport.fetch(text, transport.Expected(kind=kind), progress=progress)
     path = Path(text).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{what} not found: {path}")
@@ -119,69 +139,37 @@ def resolve_file(path_or_url: str | os.PathLike, what: str, *, progress: bool | 
     return path
 
 
-def load_bilm(
-    spec: str | os.PathLike | None = None,
-    weight_file: str | os.PathLike | None = None,
-    *,
-    stateful: bool = False,
-    progress: bool | None = None,
-) -> BiLM:
-    """A pretrained biLM, in eval mode, from a model given in any form ``resolve_model`` takes
-    (None: the default shipped model). ``stateful=True`` carries states between calls, as
-    bilm-tf and AllenNLP do."""
-    from .bilm import BiLM
-    from .pretrained import DEFAULT_MODEL
-
-    source = resolve_model(DEFAULT_MODEL if spec is None else spec, weight_file, progress=progress)
-    if source.kind == "manylangs":
-        try:
-            from .manylangs import load_manylangs
-        except ModuleNotFoundError as err:
-            if err.name != f"{__package__}.manylangs":
-                raise
-            raise ValueError("ELMoForManyLangs models are not supported yet") from None
-        return load_manylangs(source.folder, stateful=stateful)
-    return BiLM.load(*source.files(), stateful=stateful)
-
-
-def check_model(source: ModelSource) -> None:
-    """Check what can be checked without building the model: options.json parses and is valid,
-    the weight file is a safe, readable HDF5 file."""
-    if source.kind != "bilm":
-        return
-    from .options import BiLMOptions
-    from .weights import open_hdf5
-
-    options, weights = source.files()
-    BiLMOptions.from_file(options)
-    open_hdf5(weights).close()
-
-
-def download_model(spec: str, *, force: bool = False, progress: bool | None = None) -> list[str]:
-    """Download a known model (by name) or a URL into the cache and check it (``force``: even
-    if cached); returns lines saying where each file went."""
-    from .registry import find
-
+def download_model(
+    spec: str, *, force: bool = False, progress: bool | None = None
+) -> tuple[list[str], ModelSource | None]:
+    """Download a known model (by name), a URL or an ``hf://`` repository into the cache
+    (``force``: even if cached). Returns lines saying where each file went, and the model's
+    files (None for a single file, or a shipped model) for the caller to check: the hub does
+    not read models."""
     if spec in available_models():
-        return [f"{spec} is shipped with elmokit ({MODELS_DIR / spec}); nothing to download"]
-    known = None if download.is_url(spec) else find(spec)
-    if known is None and not download.is_url(spec):
+        return [f"{spec} is shipped with elmokit ({MODELS_DIR / spec}); nothing to download"], None
+    if hf.is_hf_spec(spec):
+        source = _from_folder(hf.snapshot(spec, force=force), spec, "hf")
+        return [f"{spec} -> {source.folder}"], source
+    known = None if transport.is_url(spec) else find(spec)
+    if known is None and not transport.is_url(spec):
         raise ValueError(
-            f"{spec!r} is neither a known model nor a URL; `elmokit models` lists the known models"
+            f"{spec!r} is neither a known model, a URL nor hf://owner/name; `elmokit models` lists "
+            "the known models"
         )
     # a URL's file must be of the kind its name says (a .zip a readable archive; a name without
     # a suffix one of zip, HDF5, JSON): fetch checks it before it is cached
-    urls = [(f.url, f.expected) for f in known.files] if known else [(spec, download.Expected())]
+    urls = [(f.url, f.expected) for f in known.files] if known else [(spec, transport.Expected())]
     name = known.name if known else None
-    paths = [download.fetch(u, e, force=force, progress=progress, name=name) for u, e in urls]
-    if known is None and download.sniff(paths[0]) != "zip":
-        return [f"{spec} -> {paths[0]}"]
+    paths = [transport.fetch(u, e, force=force, progress=progress, name=name) for u, e in urls]
+    if known is None and transport.sniff(paths[0]) != "zip":
+        return [f"{spec} -> {paths[0]}"], None
     source = resolve_model(spec, progress=progress)  # unpacks an archive
-    check_model(source)
     name = name or spec
     if source.folder is not None:
-        return [f"{name} -> {source.folder}"]
-    return [f"{name} options -> {source.options_file}", f"{name} weights -> {source.weight_file}"]
+        return [f"{name} -> {source.folder}"], source
+    lines = [f"{name} options -> {source.options_file}", f"{name} weights -> {source.weight_file}"]
+    return lines, source
 
 
 # -- the forms -------------------------------------------------------------------------------
@@ -196,21 +184,21 @@ def _from_url(url: str, progress: bool | None) -> ModelSource:
         raise ValueError(f"{url} is an options file: give its weight file too (--options and --weights)")
     if suffix.endswith((".hdf5", ".h5")):
         raise ValueError(f"{url} is a weight file: give its options file too (--options and --weights)")
-    path = download.fetch(url, progress=progress)
-    found = download.sniff(path)
+    path = transport.fetch(url, progress=progress)
+    found = transport.sniff(path)
     if found != "zip":
         what = {"json": "an options file", "hdf5": "an HDF5 weight file"}.get(found, "not a model archive")
         raise ValueError(f"{url} is {what}; give a .zip model archive, or --options and --weights")
-    return _from_archive(path, url, "url", path.parent / UNPACKED, again=download.again_hint(url))
+    return _from_archive(path, url, "url", path.parent / UNPACKED, again=transport.again_hint(url))
 
 
 def _from_local_file(path: Path, text: str) -> ModelSource:
-    if download.sniff(path) == "zip":
+    if transport.sniff(path) == "zip":
         key = hashlib.sha256()
         with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(download.CHUNK), b""):
+            for chunk in iter(lambda: f.read(transport.CHUNK), b""):
                 key.update(chunk)
-        target = download.cache_dir() / "archives" / key.hexdigest()[:32] / UNPACKED
+        target = cache_dir() / "archives" / key.hexdigest()[:32] / UNPACKED
         return _from_archive(path, text, "archive", target)
     raise ValueError(
         f"{path} is a file, not a model folder or .zip archive; an options file needs its weight "
@@ -226,7 +214,7 @@ def _from_archive(
     try:
         folder = unpack_zip(archive, target)
     except PermissionError as err:
-        raise PermissionError(f"{err}; set {download.ENV_CACHE} to a writable folder") from None
+        raise PermissionError(f"{err}; set {ENV_CACHE} to a writable folder") from None
     except ArchiveError as err:
         if again is None:
             raise
@@ -234,17 +222,17 @@ def _from_archive(
     return _from_folder(folder, spec, origin, name=name, what="archive")
 
 
-def _from_registry(known, spec: str, progress: bool | None) -> ModelSource:
+def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> ModelSource:
     archive = known.archive
     if archive is not None:
-        path = download.fetch(archive.url, archive.expected, progress=progress, name=known.name)
+        path = transport.fetch(archive.url, archive.expected, progress=progress, name=known.name)
         return _from_archive(
             path,
             spec,
             "registry",
             path.parent / UNPACKED,
             name=known.name,
-            again=download.again_hint(archive.url, known.name),
+            again=transport.again_hint(archive.url, known.name),
         )
     options, weights = (known.file(role) for role in ("options", "weights"))
     return ModelSource(
@@ -252,22 +240,20 @@ def _from_registry(known, spec: str, progress: bool | None) -> ModelSource:
         origin="registry",
         kind="bilm",
         folder=None,
-        options_file=download.fetch(options.url, options.expected, progress=progress, name=known.name),
-        weight_file=download.fetch(weights.url, weights.expected, progress=progress, name=known.name),
+        options_file=transport.fetch(options.url, options.expected, progress=progress, name=known.name),
+        weight_file=transport.fetch(weights.url, weights.expected, progress=progress, name=known.name),
         name=known.name,
     )
 
 
 def is_manylangs_folder(folder: Path) -> bool:
-    """Whether ``folder`` holds an ELMoForManyLangs model (elmokit.manylangs decides when it is
-    installed; else its four files)."""
-    try:
-        from .manylangs import is_manylangs_folder as decide
-    except ModuleNotFoundError as err:
-        if err.name != f"{__package__}.manylangs":
-            raise
-        return all((folder / name).is_file() for name in MANYLANGS_FILES)
-    return decide(folder)
+    """Whether ``folder`` is an ELMoForManyLangs model folder: a ``config.json`` (and no bilm-tf
+    ``options.json``) beside at least one of its model files; ``elmokit.manylangs`` names any
+    file that is missing when it reads the folder."""
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "config.json").is_file() or (folder / "options.json").exists():
+        return False
+    return any((folder / name).is_file() for name in MANYLANGS_FILES)
 
 
 def _from_folder(

@@ -22,7 +22,9 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from .atomic import _alive
+from ..atomic import _alive
+
+__all__ = ["UNPACKED", "ArchiveError", "check_zip", "unpack_zip"]
 
 MAX_MEMBERS = 10_000
 MAX_TOTAL_BYTES = 64 * 2**30  # the largest ELMo archives are a few GB
@@ -31,7 +33,7 @@ _RATIO_FLOOR = 1 << 20  # members smaller than this are not ratio-checked
 MAX_TOTAL_RATIO = 20  # all members / the archive's size: model archives are under 2 (weights ~1.1x)
 _TOTAL_RATIO_FLOOR = 16 << 20  # archives that unpack to less than this are not ratio-checked
 _TEMP_PREFIX = ".unpacking-"
-UNPACKED = "unpacked"  # the folder of the cache an archive is unpacked into (sources; manylangs)
+UNPACKED = "unpacked"  # the folder of the cache an archive is unpacked into (elmokit.hub.resolve; manylangs)
 
 
 class ArchiveError(ValueError):

@@ -29,10 +29,23 @@ Sources (each entry's ``source`` names its own):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .download import Expected
+from .shipped import MODELS_DIR, available_models
+from .transport import Expected, is_cached, read_meta
+
+__all__ = [
+    "KNOWN_MODELS",
+    "KnownModel",
+    "RemoteFile",
+    "find",
+    "format_models",
+    "known_models",
+    "model_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -294,10 +307,6 @@ def model_rows() -> list[dict[str, Any]]:
     """One dict per model, shipped ones first: name, language, dims, size (bytes: on disk when
     cached, else the publisher's total where given, else None), publisher, licence, url,
     cached ("shipped", "yes", "no"), format, description, source, aliases, files."""
-    from .download import is_cached, read_meta
-    from .options import BiLMOptions
-    from .pretrained import MODELS_DIR, available_models
-
     rows: list[dict[str, Any]] = []
     for name in available_models():
         folder = MODELS_DIR / name
@@ -305,7 +314,7 @@ def model_rows() -> list[dict[str, Any]]:
             {
                 "name": name,
                 "language": "en",
-                "dims": BiLMOptions.from_file(folder / "options.json").output_dim,
+                "dims": _shipped_dims(folder / "options.json"),
                 "size": sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
                 "publisher": "elmokit (shipped)",
                 "licence": None,
@@ -347,6 +356,13 @@ def model_rows() -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _shipped_dims(options_file: Path) -> int:
+    """The size of one layer's vectors of a shipped model (2 * projection_dim), read from its
+    options.json (shipped with the package: trusted, checked by the tests)."""
+    options = json.loads(options_file.read_text(encoding="utf-8"))
+    return 2 * int(options["lstm"]["projection_dim"])
 
 
 def format_models(rows: list[dict[str, Any]]) -> str:

@@ -1,0 +1,33 @@
+"""The one cache folder of elmokit, and whether the network may be used.
+
+Everything elmokit downloads or derives lives under ``cache_dir()``: ``downloads/`` (one entry
+per URL, see ``elmokit.hub.transport``), ``archives/`` (local .zip archives, unpacked), ``hf/``
+(Hugging Face Hub snapshots) and ``task-layers/`` (``elmokit.tasks``' cached biLM layers).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["ENV_CACHE", "ENV_OFFLINE", "cache_dir", "offline"]
+
+ENV_CACHE = "ELMOKIT_CACHE"
+ENV_OFFLINE = "ELMOKIT_OFFLINE"
+
+
+def cache_dir() -> Path:
+    """The cache folder: ``$ELMOKIT_CACHE``, else the platform's user cache folder for elmokit
+    (``~/.cache/elmokit`` on Linux, ``~/Library/Caches/elmokit`` on macOS,
+    ``%LOCALAPPDATA%\\elmokit\\Cache`` on Windows)."""
+    given = os.environ.get(ENV_CACHE, "").strip()
+    if given:
+        return Path(given).expanduser()
+    from platformdirs import user_cache_dir  # only when no folder is given: not needed otherwise
+
+    return Path(user_cache_dir("elmokit", appauthor=False))
+
+
+def offline() -> bool:
+    """Whether ``ELMOKIT_OFFLINE`` forbids the network (1, true, yes or on)."""
+    return os.environ.get(ENV_OFFLINE, "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,27 @@
+"""What each biLM layer captures (the paper's section 5.3): ``run_probe``, a linear classifier per
+layer on token labels (POS, chunks, NER, dependency relations), and ``run_wsd``, the 1-NN word
+sense protocol per layer. ``elmokit probe`` and ``elmokit probe wsd`` are their command lines."""
+
+from .tagging import (
+    FORMATS,
+    Features,
+    LayerScores,
+    ProbeResult,
+    ProbeSettings,
+    compute_features,
+    parse_layers,
+    read_tagged,
+    run_probe,
+)
+
+__all__ = [
+    "FORMATS",
+    "Features",
+    "LayerScores",
+    "ProbeResult",
+    "ProbeSettings",
+    "compute_features",
+    "parse_layers",
+    "read_tagged",
+    "run_probe",
+]

@@ -10,6 +10,7 @@ from .tagging import (
     ProbeSettings,
     compute_features,
     parse_layers,
+    probe_files,
     read_tagged,
     run_probe,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "ProbeSettings",
     "compute_features",
     "parse_layers",
+    "probe_files",
     "read_tagged",
     "run_probe",
 ]

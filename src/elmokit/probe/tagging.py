@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import statistics
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "ProbeSettings",
     "compute_features",
     "parse_layers",
+    "probe_files",
     "read_tagged",
     "run_probe",
 ]
@@ -387,7 +389,7 @@ def run_probe(
     for name, sentences in sets.items():
         if not sentences or not any(s.tokens for s in sentences):
             raise ValueError(f"the {name} set has no tokens")
-    embedder = model if isinstance(model, Embedder) else Embedder(model, batch_size=batch_size, mode="warm")
+    embedder = model if isinstance(model, Embedder) else Embedder(model, batch_size=batch_size)
     num_layers, dim = embedder.bilm.num_layers, embedder.dim
     layers = parse_layers(",".join(layers), num_layers)
     tokens = sum(len(s.tokens) for sentences in sets.values() for s in sentences)
@@ -437,3 +439,50 @@ def run_probe(
     seconds["probes"] = time.perf_counter() - started
     sizes = {name: {"sentences": len(s.lengths), "tokens": len(s.y)} for name, s in splits.items()}
     return ProbeResult(metric, list(seeds), results, labels, sizes, seconds, settings)
+
+
+def probe_files(
+    model: str,
+    train: str | os.PathLike,
+    test: str | os.PathLike,
+    fmt: str,
+    column: int,
+    dev: str | os.PathLike | None = None,
+    layers: str = "0,1,2,average,mix",
+    seeds: int = 3,
+    max_sentences: int | None = None,
+    settings: ProbeSettings = ProbeSettings(),
+) -> tuple[ProbeResult, dict[str, Any]]:
+    """``run_probe`` on files (``read_tagged``; the first ``max_sentences`` training sentences
+    when given) with seeds 0 to ``seeds`` - 1. Returns the result and its JSON record: the scores,
+    the model, the data files and the command that reproduces it."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be 1 or more, got {seeds}")
+    if max_sentences is not None and max_sentences < 1:
+        raise ValueError(f"max_sentences must be 1 or more, got {max_sentences}")
+    names = [name.strip() for name in layers.split(",") if name.strip()]
+    train_set = read_tagged(train, fmt, column)[:max_sentences]
+    test_set = read_tagged(test, fmt, column)
+    dev_set = None if dev is None else read_tagged(dev, fmt, column)
+    result = run_probe(model, train_set, test_set, dev_set, names, list(range(seeds)), settings)
+    command = ["elmokit", "probe", "--model", str(model), "--train", os.fspath(train)]
+    if dev is not None:
+        command += ["--dev", os.fspath(dev)]
+    command += ["--test", os.fspath(test), "--format", fmt, "--column", str(column)]
+    command += ["--seeds", str(seeds), "--layers", ",".join(names)]
+    if max_sentences is not None:
+        command += ["--max-sentences", str(max_sentences)]
+    record = {
+        "model": str(model),
+        "data": {
+            "train": os.fspath(train),
+            "dev": None if dev is None else os.fspath(dev),
+            "test": os.fspath(test),
+        },
+        "format": fmt,
+        "column": column,
+        "max_sentences": max_sentences,
+        "command": shlex.join(command),
+        **result.to_json(),
+    }
+    return result, record

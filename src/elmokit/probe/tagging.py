@@ -58,6 +58,8 @@ def read_tagged(path: str | os.PathLike, fmt: str, column: int) -> list[TaggedSe
     if column < 0:
         raise ValueError(f"column must be 0 or more, got {column}")
     width = _columns(path, fmt)
+    if width == 0:
+        raise ValueError(f"{path}: no sentences")
     if column >= width:
         raise ValueError(
             f"{path}: column {column} is out of range: its lines have {width} columns (0 to {width - 1})"

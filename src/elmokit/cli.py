@@ -759,6 +759,23 @@ def probe_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def probe_wsd_command(args: argparse.Namespace) -> int:
+    """Word senses per layer by 1-NN (elmokit.probe.wsd), a table and a JSON file."""
+    from .atomic import check_output
+    from .probe import wsd_files, wsd_table
+
+    files = [args.train, args.train_key, args.test, args.test_key, args.index_sense]
+    if args.json is not None:
+        check_output(args.json, args.overwrite, [f for f in files if f is not None])
+    record = wsd_files(
+        args.model, args.train, args.test, args.index_sense, args.train_key, args.test_key, args.layers
+    )
+    print(wsd_table(record))
+    if args.json is not None:
+        write_json(args.json, record, overwrite=args.overwrite)
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors (a missing or bad option) are one line, as every other error."""
 
@@ -1023,6 +1040,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=probe_command)
+    wsd = p.add_subparsers(dest="probe_task", required=False, metavar="wsd").add_parser(
+        "wsd",
+        help="word senses by 1-nearest-neighbour per layer (the unified WSD framework's XML + gold keys)",
+        description="A sense's vector is the mean of its training occurrences' vectors; a test word "
+        "takes the nearest (cosine) sense of its lemma seen in training; an unseen lemma takes "
+        "WordNet's first sense from --index-sense (docs/probe.md).",
+    )
+    wsd.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    wsd.add_argument("--train", required=True, help="NAME.data.xml with sense-tagged instances (SemCor)")
+    wsd.add_argument("--train-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
+    wsd.add_argument("--test", required=True, help="NAME.data.xml to disambiguate")
+    wsd.add_argument("--test-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
+    wsd.add_argument("--index-sense", help="WordNet 3.0's index.sense, for the first-sense fallback")
+    wsd.add_argument("--layers", default="0,1,2,average", help="default: 0,1,2,average")
+    wsd.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
+    wsd.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    wsd.set_defaults(func=probe_wsd_command)
 
     p = sub.add_parser(
         "serve",

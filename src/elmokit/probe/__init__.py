@@ -14,6 +14,17 @@ from .tagging import (
     read_tagged,
     run_probe,
 )
+from .wsd import (
+    Instance,
+    WsdSentence,
+    first_senses,
+    gold_key_path,
+    read_gold_keys,
+    read_wsd_xml,
+    run_wsd,
+    wsd_files,
+    wsd_table,
+)
 
 __all__ = [
     "FORMATS",
@@ -26,4 +37,13 @@ __all__ = [
     "probe_files",
     "read_tagged",
     "run_probe",
+    "Instance",
+    "WsdSentence",
+    "first_senses",
+    "gold_key_path",
+    "read_gold_keys",
+    "read_wsd_xml",
+    "run_wsd",
+    "wsd_files",
+    "wsd_table",
 ]

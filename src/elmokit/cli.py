@@ -745,6 +745,50 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def probe_command(args: argparse.Namespace) -> int:
+    """What each layer holds: a linear probe per layer (elmokit.probe), a table and a JSON file."""
+    from .atomic import check_output
+    from .probe import probe_files
+
+    if args.train is None or args.test is None or args.column is None:
+        raise ValueError("probe needs --train, --test and --column (or: elmokit probe wsd ...)")
+    inputs = [f for f in (args.train, args.dev, args.test) if f is not None]
+    if args.json is not None:
+        check_output(args.json, args.overwrite, inputs)
+    result, record = probe_files(
+        args.model,
+        args.train,
+        args.test,
+        args.format,
+        args.column,
+        dev=args.dev,
+        layers=args.layers,
+        seeds=args.seeds,
+        max_sentences=args.max_sentences,
+    )
+    print(result.table())
+    if args.json is not None:
+        write_json(args.json, record, overwrite=args.overwrite)
+    return 0
+
+
+def probe_wsd_command(args: argparse.Namespace) -> int:
+    """Word senses per layer by 1-NN (elmokit.probe.wsd), a table and a JSON file."""
+    from .atomic import check_output
+    from .probe import wsd_files, wsd_table
+
+    files = [args.train, args.train_key, args.test, args.test_key, args.index_sense]
+    if args.json is not None:
+        check_output(args.json, args.overwrite, [f for f in files if f is not None])
+    record = wsd_files(
+        args.model, args.train, args.test, args.index_sense, args.train_key, args.test_key, args.layers
+    )
+    print(wsd_table(record))
+    if args.json is not None:
+        write_json(args.json, record, overwrite=args.overwrite)
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors (a missing or bad option) are one line, as every other error."""
 
@@ -954,6 +998,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="download again even if it is cached")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=download_command)
+
+    p = sub.add_parser(
+        "probe",
+        help="what each layer holds: a linear classifier per layer on token labels (POS, chunks, NER)",
+        description="Train a linear classifier on each layer's frozen vectors (0, 1, 2, their average, "
+        "a learned scalar mix), one per seed, on the label column of a CoNLL or CoNLL-U file; print "
+        "accuracy (and span F1 for IOB labels) per layer with the spread over seeds (docs/probe.md).",
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--train", help="training sentences (labelled)")
+    p.add_argument("--dev", help="dev sentences: each probe keeps its epoch with the best dev score")
+    p.add_argument("--test", help="test sentences (labelled)")
+    p.add_argument("--format", choices=["conll", "conllu"], default="conll", help="default: conll")
+    p.add_argument(
+        "--column",
+        type=_ranged(int, low=0),
+        help="label column, 0 = word: CoNLL-2000 1 POS, 2 chunk; CoNLL-2003 3 NER; CoNLL-U 3 UPOS",
+    )
+    p.add_argument("--seeds", type=_ranged(int, low=1), default=3, help="probes per layer (default 3)")
+    p.add_argument("--layers", default="0,1,2,average,mix", help="default: 0,1,2,average,mix")
+    p.add_argument("--max-sentences", type=_ranged(int, low=1), help="the first N training sentences")
+    p.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(func=probe_command)
+    wsd = p.add_subparsers(dest="probe_task", required=False, metavar="wsd").add_parser(
+        "wsd",
+        help="word senses by 1-nearest-neighbour per layer (the unified WSD framework's XML + gold keys)",
+        description="A sense's vector is the mean of its training occurrences' vectors; a test word "
+        "takes the nearest (cosine) sense of its lemma seen in training; an unseen lemma takes "
+        "WordNet's first sense from --index-sense (docs/probe.md).",
+    )
+    wsd.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    wsd.add_argument("--train", required=True, help="NAME.data.xml with sense-tagged instances (SemCor)")
+    wsd.add_argument("--train-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
+    wsd.add_argument("--test", required=True, help="NAME.data.xml to disambiguate")
+    wsd.add_argument("--test-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
+    wsd.add_argument("--index-sense", help="WordNet 3.0's index.sense, for the first-sense fallback")
+    wsd.add_argument("--layers", default="0,1,2,average", help="default: 0,1,2,average")
+    wsd.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
+    wsd.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    wsd.set_defaults(func=probe_wsd_command)
 
     p = sub.add_parser(
         "serve",

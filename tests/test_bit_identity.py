@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import Elmo, Embedder, batch_to_ids, load_scoring_model, score_sentences
+from elmokit import Elmo, Embedder, LanguageModel, batch_to_ids, score_sentences
+from elmokit.hub import MODELS_DIR
 
 FIXTURE = Path(__file__).parent / "fixtures" / "news-512-outputs"
 SENTENCES = [
@@ -52,10 +53,10 @@ def test_stateful_embedder_is_bit_identical_over_two_calls(expected):
 
 
 def test_elmo_is_bit_identical(expected):
-    from elmokit.pretrained import MODELS_DIR
-
     folder = MODELS_DIR / "elmo-news-512"
-    elmo = Elmo(str(folder / "options.json"), str(folder / "weights.hdf5"), 2, dropout=0.0).eval()
+    elmo = Elmo(
+        str(folder / "options.json"), str(folder / "weights.hdf5"), num_output_representations=2, dropout=0.0
+    ).eval()
     with torch.no_grad():
         result = elmo(batch_to_ids(SENTENCES))
     for i, rep in enumerate(result.representations):
@@ -63,7 +64,15 @@ def test_elmo_is_bit_identical(expected):
 
 
 def test_scores_are_bit_identical(expected):
-    model, vocab = load_scoring_model("elmo-news-512", device="cpu")
-    for i, score in enumerate(score_sentences(model, vocab, SENTENCES)):
+    model = LanguageModel.from_pretrained("elmo-news-512", device="cpu")
+    for i, score in enumerate(score_sentences(model, model.vocab, SENTENCES)):
         _same(score.forward_logprobs, expected[f"score_forward_{i}"])
         _same(score.backward_logprobs, expected[f"score_backward_{i}"])
+
+
+def test_elmo_by_name_is_bit_identical(expected):
+    elmo = Elmo("elmo-news-512", num_output_representations=2, dropout=0.0).eval()
+    with torch.no_grad():
+        result = elmo(batch_to_ids(SENTENCES))
+    for i, rep in enumerate(result.representations):
+        _same(rep.numpy(), expected[f"elmo_rep{i}"])

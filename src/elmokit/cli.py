@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 
-from .atomic import write_json
+from .atomic import handle_signals, write_json
 from .bilm import BiLM
 from .pretrained import DEFAULT_MODEL, TINY_REFERENCE, model_files
 from .sources import load_bilm
@@ -376,8 +378,7 @@ def export_onnx_command(args: argparse.Namespace) -> int:
 
     require_onnx("export-onnx")
     check_output(args.output, args.overwrite)  # before the model is read
-    data = export_onnx(load_bilm(args.model), args.output, args.overwrite, int8=args.int8)
-    print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
+    export_onnx(load_bilm(args.model), args.output, args.overwrite, int8=args.int8)  # logs what it wrote
     return 0
 
 
@@ -704,11 +705,8 @@ def download_command(args: argparse.Namespace) -> int:
 
 def serve_command(args: argparse.Namespace) -> int:
     """Serve the models over HTTP until SIGTERM or SIGINT (elmokit.serve); exits 0 after a drain."""
-    import logging
-
     from .serve import API_KEY_ENV, Limits, ServeConfig, serve
 
-    logging.basicConfig(level=logging.INFO, format="elmokit serve: %(message)s")
     limits = Limits(
         max_body_bytes=args.max_body_bytes,
         max_inputs=args.max_inputs,
@@ -1071,7 +1069,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; every error is one line. Returns the exit status."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _logging(quiet=getattr(args, "quiet", False)), handle_signals():
         warnings.showwarning = _show_warning
         try:
             return args.func(args)
@@ -1084,6 +1082,37 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 128 + signum
+
+
+class _OneLine(logging.Formatter):
+    """The library's log records as the command line's own lines: an INFO record as its
+    message, a warning or error as ``elmokit: warning|error: message`` (no traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            return f"elmokit: {'warning' if record.levelno < logging.ERROR else 'error'}: {message}"
+        return message
+
+
+@contextmanager
+def _logging(quiet: bool) -> Iterator[None]:
+    """While a command runs, the ``elmokit`` logger writes to stderr, one line per record: INFO
+    and above, or only warnings and errors with ``--quiet``. The library itself configures no
+    logging; this is the one place that does."""
+    logger = logging.getLogger("elmokit")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import math
 import os
 import random
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -44,6 +44,8 @@ from .readers import (
 )
 
 __all__ = ["TASKS", "TaskConfig", "TrainedTask", "cache_layers", "entity_scores", "run_task"]
+
+logger = logging.getLogger(__name__)
 
 MODEL_FORMAT = "elmokit-task-model-v1"
 
@@ -265,8 +267,9 @@ def score(task: str, examples: Sequence[Example], predictions: Sequence) -> dict
 
 # -- the run ------------------------------------------------------------------------------------
 def _log(config: TaskConfig, message: str) -> None:
+    """A line of the run's progress (``config.progress``), logged at INFO."""
     if config.progress:
-        print(message, file=sys.stderr, flush=True)
+        logger.info(message)
 
 
 def _seed_everything(seed: int) -> None:

@@ -254,11 +254,11 @@ def terminate_raises() -> Iterator[None]:
     if not _handling[-1] or threading.current_thread() is not threading.main_thread():
         yield
         return
-    ours: dict[int, Any] = {}
-    for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+    ours: dict[signal.Signals, Any] = {}
+    for wanted, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
         try:
-            if signal.getsignal(signum) is default:
-                ours[signum] = default
+            if signal.getsignal(wanted) is default:
+                ours[wanted] = default
         except ValueError:
             pass
     if not ours:  # the program's own handlers, or an outer terminate_raises, are in place
@@ -270,13 +270,13 @@ def terminate_raises() -> Iterator[None]:
         raise _interrupt(signum)
 
     _signalled.clear()
-    for signum in ours:
-        signal.signal(signum, handler)
+    for ours_signum in ours:
+        signal.signal(ours_signum, handler)
     try:
         yield
     finally:
-        for signum, previous in ours.items():
-            signal.signal(signum, previous)
+        for ours_signum, previous in ours.items():
+            signal.signal(ours_signum, previous)
         _signalled.clear()
 
 

@@ -16,6 +16,8 @@ from .kernels import max_over_windows, needs_autograd
 from .options import CharCNNOptions
 from .token_cache import EncodingCache, caching_allowed
 
+__all__ = ["CharCNN", "TokenEncoder", "distinct_rows"]
+
 
 class CharCNN(nn.Module):
     """Character embedding and max-pooled convolutions: (n_tokens, max_chars) -> (n_tokens, n_filters).
@@ -59,7 +61,7 @@ class CharCNN(nn.Module):
                 nn.init.normal_(conv.weight, std=(1.0 / fan_in) ** 0.5)
             else:
                 nn.init.uniform_(conv.weight, -0.05, 0.05)
-            nn.init.zeros_(conv.bias)
+            nn.init.zeros_(cast(torch.Tensor, conv.bias))  # made with a bias
 
     # Tokens are grouped by length so that each group is convolved over a shorter prefix.
     LENGTH_BUCKETS = (8, 12, 20)
@@ -97,7 +99,8 @@ class CharCNN(nn.Module):
     def _convolve(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation."""
         x = self.embedding(char_ids).transpose(1, 2)  # (n, char_dim, width)
-        pooled = [max_over_windows(x, conv.weight, conv.bias) for conv in self.filter_convolutions]
+        convs = self.filter_convolutions  # each made with a bias
+        pooled = [max_over_windows(x, conv.weight, cast(torch.Tensor, conv.bias)) for conv in convs]
         return self.activation(torch.cat(pooled, dim=-1))
 
 

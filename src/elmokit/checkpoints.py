@@ -36,7 +36,7 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -438,7 +438,8 @@ def checkpoint_step(folder: Path) -> int:
 def rng_state() -> dict[str, Any]:
     """This process's random states (torch, Python, NumPy, CUDA) as tensors and plain values."""
     state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
-    np_state = np.random.get_state()
+    # the legacy global generator is MT19937, whose state is this tuple (numpy's stub says "or a dict")
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     state["numpy"] = {
         "keys": torch.from_numpy(np_state[1].astype(np.int64)),
         "pos": int(np_state[2]),

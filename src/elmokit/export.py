@@ -86,6 +86,7 @@ def load_language_model(
                 )
         model = LanguageModel(BiLMOptions.from_file(folder / "options.json"), len(vocab), dropout=0.0)
         load_weights(model.bilm, folder / "weights.hdf5")
+        assert model.softmax is not None  # made with a vocabulary
         load_softmax(model.softmax, folder / SOFTMAX_FILE)
     return model.to(device).eval(), vocab
 
@@ -106,6 +107,7 @@ def export_model(
     save_options(model.bilm.options, out / "options.json", extra)
     save_weights(model.bilm, out / "weights.hdf5")
     vocab.save(out / "vocab.txt")
+    assert model.softmax is not None  # load_language_model makes it with the vocabulary
     save_softmax(model.softmax, out / SOFTMAX_FILE)
     steps = None
     if average is not None:

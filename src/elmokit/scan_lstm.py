@@ -14,9 +14,6 @@ rounding (tests/test_onnx.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import cast
-
 import torch
 
 from .lstm import BiLstm, BiLstmLayer, LstmState
@@ -75,7 +72,7 @@ def scan_bilstm(
     length, and the final state."""
     x = inputs
     outputs, final_h, final_c = [], [], []
-    for k, layer in enumerate(cast("Sequence[BiLstmLayer]", lstm.layers)):
+    for k, layer in enumerate(lstm.lstm_layers):
         out, h, c = scan_layer(layer, x, mask, state.h[k], state.c[k])
         if k > 0 and lstm.options.use_skip_connections:
             out = out + x

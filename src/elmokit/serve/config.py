@@ -69,9 +69,7 @@ class ServeConfig:
     @classmethod
     def from_json(cls, text: str) -> ServeConfig:
         data = json.loads(text)
-        return cls(
-            **{**data, "models": tuple(data["models"]), "limits": Limits(**data["limits"])}  # type: ignore[arg-type]
-        )
+        return cls(**{**data, "models": tuple(data["models"]), "limits": Limits(**data["limits"])})
 
 
 def model_name(spec: str) -> tuple[str, str]:

@@ -24,6 +24,10 @@ class ConditionalRandomField(nn.Module):
     training and in decoding, so the model only ever scores well-formed tag sequences.
     """
 
+    allowed: torch.Tensor  # buffers (num_tags, num_tags), (num_tags,), (num_tags,)
+    allowed_start: torch.Tensor
+    allowed_end: torch.Tensor
+
     def __init__(
         self,
         num_tags: int,

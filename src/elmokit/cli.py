@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 
-from .atomic import handle_signals, write_json
+from ._console import command_context
+from .atomic import write_json
 from .bilm import BiLM
 from .pretrained import DEFAULT_MODEL, TINY_REFERENCE, model_files
 from .sources import load_bilm
+
+__all__ = ["build_parser", "main", "run"]
 
 DEMO_WORD = "bank"
 MODEL_HELP = "a shipped or known model's name (elmokit models), a model folder, a .zip archive or a URL"
@@ -1069,7 +1070,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; every error is one line. Returns the exit status."""
-    with warnings.catch_warnings(), _logging(quiet=getattr(args, "quiet", False)), handle_signals():
+    with warnings.catch_warnings(), command_context(quiet=getattr(args, "quiet", False)):
         warnings.showwarning = _show_warning
         try:
             return args.func(args)
@@ -1082,37 +1083,6 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 128 + signum
-
-
-class _OneLine(logging.Formatter):
-    """The library's log records as the command line's own lines: an INFO record as its
-    message, a warning or error as ``elmokit: warning|error: message`` (no traceback)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        if record.levelno >= logging.WARNING:
-            return f"elmokit: {'warning' if record.levelno < logging.ERROR else 'error'}: {message}"
-        return message
-
-
-@contextmanager
-def _logging(quiet: bool) -> Iterator[None]:
-    """While a command runs, the ``elmokit`` logger writes to stderr, one line per record: INFO
-    and above, or only warnings and errors with ``--quiet``. The library itself configures no
-    logging; this is the one place that does."""
-    logger = logging.getLogger("elmokit")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLine())
-    level, propagate = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -39,6 +39,14 @@ from .weights import (
     write_start_state,
 )
 
+__all__ = [
+    "TRAINING_FILE",
+    "check_new_folder",
+    "copy_with_start_state",
+    "export_model",
+    "load_language_model",
+]
+
 TRAINING_FILE = "training.json"
 
 

@@ -13,6 +13,17 @@ import numpy as np
 
 from ..embed import Embedder
 
+__all__ = [
+    "API_KEY_ENV",
+    "CONFIG_ENV",
+    "Limits",
+    "ServeConfig",
+    "ServedModel",
+    "load_model",
+    "load_models",
+    "model_name",
+]
+
 log = logging.getLogger(__name__)
 
 API_KEY_ENV = "ELMOKIT_API_KEY"

@@ -15,6 +15,20 @@ from fastapi.responses import JSONResponse
 from ..embed import _tokenizer
 from .config import Limits
 
+__all__ = [
+    "ApiError",
+    "ClientGone",
+    "Inputs",
+    "RETRY",
+    "check_text",
+    "choice",
+    "encode",
+    "error_response",
+    "flag",
+    "integer",
+    "kind_of",
+]
+
 RETRY = {"Retry-After": "1"}  # sent with every 503
 
 

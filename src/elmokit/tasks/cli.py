@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._console import command_context
 from ..pretrained import DEFAULT_MODEL
 from .models import ModelConfig
 from .train import TASKS, TaskConfig, run_task
@@ -173,8 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] != ["task"]:
         argv = ["task", *argv]
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (OSError, ValueError, ImportError) as err:
-        print(f"elmokit: error: {err}", file=sys.stderr)
-        return 2
+    with command_context(quiet=args.quiet):
+        try:
+            return args.func(args)
+        except (OSError, ValueError, ImportError) as err:
+            print(f"elmokit: error: {err}", file=sys.stderr)
+            return 2

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+__all__ = ["ConditionalRandomField", "FORBIDDEN", "bioes_constraints"]
+
 # Score given to a forbidden transition: exp(-1e4) is 0 in float32, and it stays finite.
 FORBIDDEN = -1e4
 

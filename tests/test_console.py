@@ -32,26 +32,26 @@ def test_importing_the_library_configures_no_logging_and_no_signal_handler():
 def test_a_command_shows_the_librarys_log_in_one_line_per_record(capsys):
     log = logging.getLogger("elmokit.somewhere")
     with command_context():
-        log.info("wrote out.hdf5")
+        log.info("not shown without --verbose")
         log.warning("the model has no start state")
+    with command_context(verbose=True):
+        log.info("wrote out.hdf5")
+        log.error("cannot read x")
         log.debug("not shown")
-    with command_context(quiet=True):
-        log.info("not shown with --quiet")
-        log.error("shown with --quiet")
     log.warning("after the command: not through elmokit's handler")
     err = capsys.readouterr().err.splitlines()
     assert err[:3] == [
-        "wrote out.hdf5",
         "elmokit: warning: the model has no start state",
-        "elmokit: error: shown with --quiet",
+        "wrote out.hdf5",
+        "elmokit: error: cannot read x",
     ]
     root = logging.getLogger("elmokit")
     assert root.handlers == [] and root.level == logging.NOTSET and root.propagate
 
 
 def test_the_cli_runs_each_command_inside_the_context(tmp_path, monkeypatch, capsys):
-    """``elmokit.cli.run`` enters it: a command's log lines reach stderr, and its atomic writes
-    install the SIGTERM handler (which a library write never does)."""
+    """``elmokit.cli.run`` enters it: a command's log lines reach stderr (INFO with --verbose),
+    and its atomic writes install the SIGTERM handler (which a library write never does)."""
     seen = []
 
     def command(args) -> int:
@@ -64,5 +64,7 @@ def test_the_cli_runs_each_command_inside_the_context(tmp_path, monkeypatch, cap
     monkeypatch.setattr(elmokit.cli, "models_command", command)
     assert elmokit.cli.main(["models"]) == 0
     assert seen == [True] and (tmp_path / "out.txt").read_text() == "done"
+    assert capsys.readouterr().err == ""  # an INFO line: shown with --verbose only
+    assert elmokit.cli.main(["--verbose", "models"]) == 0
     assert capsys.readouterr().err == "a line from the library\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -29,15 +29,15 @@ class _OneLine(logging.Formatter):
 
 
 @contextmanager
-def _logging(quiet: bool) -> Iterator[None]:
-    """While the block runs, the ``elmokit`` logger writes to stderr, one line per record: INFO
-    and above, or only warnings and errors when ``quiet``; before and after, it is as it was."""
+def _logging(verbose: bool) -> Iterator[None]:
+    """While the block runs, the ``elmokit`` logger writes to stderr, one line per record:
+    warnings and errors, and with ``verbose`` INFO too; before and after, it is as it was."""
     logger = logging.getLogger("elmokit")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLine())
     level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = False
     try:
         yield
@@ -48,10 +48,10 @@ def _logging(quiet: bool) -> Iterator[None]:
 
 
 @contextmanager
-def command_context(quiet: bool = False) -> Iterator[None]:
-    """Around one command: the ``elmokit`` logger on stderr (``quiet``: warnings and errors only)
-    and SIGTERM/SIGINT handled during atomic writes."""
+def command_context(verbose: bool = False) -> Iterator[None]:
+    """Around one command: the ``elmokit`` logger on stderr (warnings and errors; ``verbose``:
+    INFO too) and SIGTERM/SIGINT handled during atomic writes."""
     with ExitStack() as stack:
-        stack.enter_context(_logging(quiet))
+        stack.enter_context(_logging(verbose))
         stack.enter_context(handle_signals())
         yield

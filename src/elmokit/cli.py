@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import signal
@@ -379,7 +380,8 @@ def export_onnx_command(args: argparse.Namespace) -> int:
 
     require_onnx("export-onnx")
     check_output(args.output, args.overwrite)  # before the model is read
-    export_onnx(load_bilm(args.model), args.output, args.overwrite, int8=args.int8)  # logs what it wrote
+    data = export_onnx(load_bilm(args.model), args.output, args.overwrite, int8=args.int8)
+    print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
     return 0
 
 
@@ -727,7 +729,13 @@ def serve_command(args: argparse.Namespace) -> int:
         limits=limits,
     )
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    serve(config, args.host, args.port, api_key, workers=args.workers, drain_seconds=args.drain_seconds)
+    server_log = logging.getLogger("elmokit.serve")  # a server's log is its output: INFO shown
+    level = server_log.level
+    server_log.setLevel(logging.INFO)
+    try:
+        serve(config, args.host, args.port, api_key, workers=args.workers, drain_seconds=args.drain_seconds)
+    finally:
+        server_log.setLevel(level)
     return 0
 
 
@@ -740,6 +748,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="elmokit", description="ELMo: deep contextualized word representations.")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show what the library logs (INFO lines)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="embed example sentences and show what the layers do")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
@@ -1070,7 +1081,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; every error is one line. Returns the exit status."""
-    with warnings.catch_warnings(), command_context(quiet=getattr(args, "quiet", False)):
+    with warnings.catch_warnings(), command_context(verbose=getattr(args, "verbose", False)):
         warnings.showwarning = _show_warning
         try:
             return args.func(args)

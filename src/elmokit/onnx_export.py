@@ -265,7 +265,7 @@ def export_onnx(
     if output is not None:
         with atomic_path(output, overwrite) as tmp:
             tmp.write_bytes(data)
-        logger.info("wrote %s (%s bytes)", output, f"{len(data):,}")
+        logger.info("wrote %s (%d bytes)", output, len(data))
     return data
 
 

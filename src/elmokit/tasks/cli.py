@@ -154,9 +154,14 @@ def _command_line() -> str:
     return shlex.join(["elmokit", *args])
 
 
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def task_command(args: argparse.Namespace) -> int:
     """Handler of ``elmokit task``: run it and print the metrics' summary line."""
-    metrics = run_task(config_from_args(args), command=_command_line())
+    log = None if args.quiet else _progress  # progress lines on stderr (the library logs them at INFO)
+    metrics = run_task(config_from_args(args), log, command=_command_line())
     print(
         f"{metrics['task']} {metrics['metric']}: dev {metrics['dev']:.2f} test {metrics['test']:.2f} "
         f"(elmo: {metrics['elmo'] or 'none'}, seed {metrics['seed']}, "
@@ -174,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] != ["task"]:
         argv = ["task", *argv]
     args = parser.parse_args(argv)
-    with command_context(quiet=args.quiet):
+    with command_context():
         try:
             return args.func(args)
         except (OSError, ValueError, ImportError) as err:

@@ -1,11 +1,12 @@
 # Everything a fresh machine needs: `make demo` runs the main job, `make test` runs the test suite
-# (pytest-xdist: one worker per core, at most 4).
+# (pytest-xdist: one worker per core, at most 4); `make lint` (ruff and the import contracts in
+# pyproject.toml) and `make typecheck` (mypy on src/elmokit) are the gates .ci/run applies.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint typecheck clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,10 @@ test: install
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/lint-imports
+
+typecheck: install
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import Pauser, cpu_sample, matmul_gflops, others_busy, wait_until_quiet, write_report
 
 import elmokit
 from elmokit.char_cnn import TokenEncoder
@@ -86,20 +87,6 @@ def flops_per_token(options: BiLMOptions) -> dict[str, int]:
     return {"lstm": 2 * lstm.n_layers * per_layer, "token_encoder": conv + highway + projection}
 
 
-def matmul_gflops(threads: int, repeats: int = 10, runs: int = 10) -> float:
-    """Best-of-``runs`` fp32 rate of (64x512) @ (512x16384), ``repeats`` matmuls per run."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(64, 512), torch.randn(512, 16384)
-    out = torch.empty(64, 16384)
-    for _ in range(5 * repeats):  # warm-up (the first runs are slower)
-        torch.matmul(a, b, out=out)
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            torch.matmul(a, b, out=out)
-        best = min(best, time.perf_counter() - start)
-    return 2 * 64 * 512 * 16384 * repeats / best / 1e9
 
 
 def read_sentences(path: str, n: int) -> list[list[str]]:
@@ -114,20 +101,8 @@ def read_sentences(path: str, n: int) -> list[list[str]]:
     return sentences
 
 
-def cpu_sample() -> tuple[int, int, float]:
-    """(all CPUs' total jiffies, idle jiffies, this process's CPU seconds) for ``others_busy``."""
-    with open("/proc/stat") as handle:
-        values = [int(v) for v in handle.readline().split()[1:]]
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    return sum(values), values[3] + values[4], own.ru_utime + own.ru_stime
 
 
-def others_busy(before: tuple[int, int, float], after: tuple[int, int, float]) -> float:
-    """Fraction of all CPUs used by other processes between two ``cpu_sample`` calls."""
-    total = max(after[0] - before[0], 1)
-    busy = 1 - (after[1] - before[1]) / total
-    own = (after[2] - before[2]) * os.sysconf("SC_CLK_TCK") / total
-    return max(busy - own, 0.0)
 
 
 def rss_mb() -> float:
@@ -355,8 +330,6 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     command = shlex.join(["python", *sys.argv])  # no machine path in the record
     print(f"command: {command}", flush=True)
-    from common import Pauser, wait_until_quiet, write_report  # common imports this module
-
     pauser = Pauser(args.pause_pid)
     wait_until_quiet(args.wait_quiet, args.wait_timeout, exclude_pid=args.pause_pid)
     with pauser:

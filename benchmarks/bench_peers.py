@@ -70,8 +70,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_bilm import cpu_sample, median, others_busy, read_sentences
-from common import Pauser, matmul_rate, shown_command, write_report
+from bench_bilm import median, read_sentences
+from common import Pauser, cpu_sample, matmul_rate, others_busy, shown_command, write_report
 
 import elmokit
 from elmokit.options import preset

@@ -50,11 +50,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_bilm import BUSY, cpu_sample, kernel_settings, median, others_busy, rss_mb
+from bench_bilm import BUSY, kernel_settings, median, rss_mb
 from common import (
     LM1B_SHARDS,
     Pauser,
+    cpu_sample,
     matmul_rate,
+    others_busy,
     run_child,
     synchronize,
     thread_env,

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_bilm import cpu_sample, median, others_busy
+from bench_bilm import median
 from bench_train import build_trainer
-from common import LM1B_SHARDS, Pauser, matmul_rate, shown_command, write_report
+from common import LM1B_SHARDS, Pauser, cpu_sample, matmul_rate, others_busy, shown_command, write_report
 
 
 def import_bilm_tf(path: Path) -> tuple[Any, Any, Any]:

@@ -1,7 +1,5 @@
-"""Shared by bench_embed.py and bench_train.py: run a measured child process, pause a neighbour.
-
-The CPU-usage helpers come from bench_bilm.py (``cpu_sample``, ``others_busy``).
-"""
+"""Shared by the benchmarks: the CPU-usage helpers (``cpu_sample``, ``others_busy``), the matmul
+rate, a measured child process, a paused neighbour. It imports no benchmark."""
 
 from __future__ import annotations
 
@@ -16,11 +14,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_bilm import cpu_sample, matmul_gflops, others_busy
 
 # ../shared/data beside the repository (the project's shared data folder).
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LM1B_SHARDS = str(SHARED_DATA / "lm" / "lm1b_heldout" / "news.en.heldout-000*-of-00050")
+def matmul_gflops(threads: int, repeats: int = 10, runs: int = 10) -> float:
+    """Best-of-``runs`` fp32 rate of (64x512) @ (512x16384), ``repeats`` matmuls per run."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(64, 512), torch.randn(512, 16384)
+    out = torch.empty(64, 16384)
+    for _ in range(5 * repeats):  # warm-up (the first runs are slower)
+        torch.matmul(a, b, out=out)
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.matmul(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * 64 * 512 * 16384 * repeats / best / 1e9
+def cpu_sample() -> tuple[int, int, float]:
+    """(all CPUs' total jiffies, idle jiffies, this process's CPU seconds) for ``others_busy``."""
+    with open("/proc/stat") as handle:
+        values = [int(v) for v in handle.readline().split()[1:]]
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return sum(values), values[3] + values[4], own.ru_utime + own.ru_stime
+def others_busy(before: tuple[int, int, float], after: tuple[int, int, float]) -> float:
+    """Fraction of all CPUs used by other processes between two ``cpu_sample`` calls."""
+    total = max(after[0] - before[0], 1)
+    busy = 1 - (after[1] - before[1]) / total
+    own = (after[2] - before[2]) * os.sysconf("SC_CLK_TCK") / total
+    return max(busy - own, 0.0)
 
 
 class Pauser:
@@ -194,7 +217,7 @@ def write_report(
 
 
 def matmul_rate(threads: int, pauser: Pauser) -> tuple[float, float]:
-    """The fp32 matmul rate (GFLOP/s, ``bench_bilm.matmul_gflops``) measured with ``pauser``'s
+    """The fp32 matmul rate (GFLOP/s, ``matmul_gflops``) measured with ``pauser``'s
     process stopped, and the share of the CPUs other processes used meanwhile."""
     with pauser:
         before = cpu_sample()

@@ -2,9 +2,13 @@
 
 A file is written under a temporary name made exclusively in the target folder (never through a
 planted link), given the permissions the umask allows, and renamed to its final name only when it
-is complete; on any error, on Ctrl-C, or on SIGTERM (which raises ``Terminated`` while a write is
-open, unless the program handles SIGTERM itself), the temporary file is removed. So a reader never
-sees a partial file under the final name, and nothing is left behind.
+is complete; on any error or on Ctrl-C the temporary file is removed. So a reader never sees a
+partial file under the final name, and nothing is left behind.
+
+SIGTERM kills a Python process at once by default, leaving the temporary file for the next write
+to remove. A program opts in, once, to having SIGTERM raise ``Terminated`` while a write is open
+(so the temporary file is removed too): ``with handle_signals(): ...`` (the command line does).
+A library call by itself never changes the process's signal handlers.
 
 The temporary name ``.NAME.PID@HOST.XXXXXXXX.tmp`` says which process writes it: a process that
 cannot clean up (SIGKILL, a power cut) leaves one, and the next write of the same file on that
@@ -25,7 +29,24 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
+
+__all__ = [
+    "Terminated",
+    "atomic_path",
+    "check_output",
+    "check_outputs_in",
+    "handle_signals",
+    "is_stream",
+    "raise_if_signalled",
+    "remove_leftovers",
+    "scratch_path",
+    "terminate_raises",
+    "write_bytes",
+    "write_json",
+    "write_text",
+]
 
 
 class Terminated(KeyboardInterrupt):
@@ -35,6 +56,20 @@ class Terminated(KeyboardInterrupt):
 
 
 _signalled: list[int] = []  # signals that arrived while terminate_raises' handlers were installed
+_handling: list[bool] = [False]  # the innermost handle_signals' choice; off unless a program opts in
+
+
+@contextmanager
+def handle_signals(enabled: bool = True) -> Iterator[None]:
+    """For the block, whether atomic writes (``terminate_raises``) install their SIGTERM/SIGINT
+    handlers while they are open: a program's opt-in (``elmokit.cli`` enters it once per command).
+    Outside such a block a write leaves the process's handlers alone: SIGTERM then kills the
+    process as the program arranged, and the next write of the file removes what it left."""
+    _handling.append(enabled)
+    try:
+        yield
+    finally:
+        _handling.pop()
 
 
 def _interrupt(signum: int) -> KeyboardInterrupt:
@@ -82,7 +117,7 @@ def remove_leftovers(path: str | os.PathLike) -> list[Path]:
     hosts and of older versions (no owner in the name) are kept."""
     target = Path(path)
     prefix, host = f".{target.name}.", _host()
-    removed = []
+    removed: list[Path] = []
     try:
         candidates = list(target.parent.glob(f"{glob.escape(prefix)}*@*.tmp"))
     except OSError:
@@ -212,35 +247,36 @@ def _refuse_input(target: Path, inputs: Iterable[str | os.PathLike]) -> None:
 
 @contextmanager
 def terminate_raises() -> Iterator[None]:
-    """While open, SIGTERM raises ``Terminated`` (so ``finally`` blocks run) and Ctrl-C
-    KeyboardInterrupt as usual, and both are recorded for ``raise_if_signalled``; a signal that
-    has a handler of the program's own keeps it, and outside the main thread nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
+    """Inside ``handle_signals``: while open, SIGTERM raises ``Terminated`` (so ``finally``
+    blocks run) and Ctrl-C KeyboardInterrupt as usual, and both are recorded for
+    ``raise_if_signalled``; a signal that has a handler of the program's own keeps it, and
+    outside the main thread, or without the program's opt-in, nothing changes."""
+    if not _handling[-1] or threading.current_thread() is not threading.main_thread():
         yield
         return
-    ours = {}
-    for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+    ours: dict[signal.Signals, Any] = {}
+    for wanted, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
         try:
-            if signal.getsignal(signum) is default:
-                ours[signum] = default
+            if signal.getsignal(wanted) is default:
+                ours[wanted] = default
         except ValueError:
             pass
     if not ours:  # the program's own handlers, or an outer terminate_raises, are in place
         yield
         return
 
-    def handler(signum, frame) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         _signalled.append(signum)
         raise _interrupt(signum)
 
     _signalled.clear()
-    for signum in ours:
-        signal.signal(signum, handler)
+    for ours_signum in ours:
+        signal.signal(ours_signum, handler)
     try:
         yield
     finally:
-        for signum, previous in ours.items():
-            signal.signal(signum, previous)
+        for ours_signum, previous in ours.items():
+            signal.signal(ours_signum, previous)
         _signalled.clear()
 
 

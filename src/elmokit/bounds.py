@@ -21,11 +21,38 @@ import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .options import BiLMOptions
+__all__ = [
+    "FALLBACK_MEMORY_BYTES",
+    "FLOAT_BYTES",
+    "MAX_CHARACTERS",
+    "MAX_CHARACTERS_PER_TOKEN",
+    "MAX_DIM",
+    "MAX_FILTER_WIDTHS",
+    "MAX_HDF5_OBJECTS",
+    "MAX_HIGHWAY",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_DIGITS",
+    "MAX_LAYERS",
+    "MAX_UNROLL_STEPS",
+    "MAX_WORDS",
+    "ModelSizes",
+    "SizeError",
+    "ceiling",
+    "check_model_size",
+    "check_training_size",
+    "memory_bytes",
+    "parameter_count",
+    "position_floats",
+    "read_json",
+    "shown_bytes",
+    "shown_number",
+    "token_floats",
+]
 
 # Ceilings of single fields (the original model: 262 characters, 50 per token, 2 layers, 2
 # highway layers, 7 filter widths, 4096 cells).
@@ -48,6 +75,44 @@ MAX_HDF5_OBJECTS = 10_000  # the largest model within the ceilings has under 2,0
 
 FLOAT_BYTES = 4  # parameters and activations are float32
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+class _CharSizes(Protocol):
+    @property
+    def n_characters(self) -> int: ...
+    @property
+    def max_characters_per_token(self) -> int: ...
+    @property
+    def embedding_dim(self) -> int: ...
+    @property
+    def filters(self) -> Sequence[tuple[int, int]]: ...
+    @property
+    def n_filters(self) -> int: ...
+    @property
+    def n_highway(self) -> int: ...
+
+
+class _LstmSizes(Protocol):
+    @property
+    def dim(self) -> int: ...
+    @property
+    def projection_dim(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def always_project(self) -> bool: ...
+    @property
+    def has_projection(self) -> bool: ...
+
+
+class ModelSizes(Protocol):
+    """The sizes of a biLM the checks read (``options.BiLMOptions`` has them): this module sits
+    below the model's options and never imports them."""
+
+    @property
+    def char_cnn(self) -> _CharSizes: ...
+    @property
+    def lstm(self) -> _LstmSizes: ...
 
 
 class SizeError(ValueError):
@@ -91,7 +156,7 @@ def ceiling(value: int, high: int, source: str, name: str) -> None:
 
 
 # -- a model's size ------------------------------------------------------------------------------
-def parameter_count(options: BiLMOptions, word_embedding: tuple[int, int] | None = None) -> int:
+def parameter_count(options: ModelSizes, word_embedding: tuple[int, int] | None = None) -> int:
     """The parameters of the biLM ``options`` describe (and of a word embedding of (rows, dim),
     ELMoForManyLangs'), counted as its modules will hold them."""
     cnn, lstm = options.char_cnn, options.lstm
@@ -111,7 +176,7 @@ def parameter_count(options: BiLMOptions, word_embedding: tuple[int, int] | None
     return count + lstm.n_layers * per_layer
 
 
-def token_floats(options: BiLMOptions) -> int:
+def token_floats(options: ModelSizes) -> int:
     """The activations of encoding one distinct token: embedded characters, convolution
     outputs and highway layers (the char CNN runs once per distinct token of a batch)."""
     cnn = options.char_cnn
@@ -121,7 +186,7 @@ def token_floats(options: BiLMOptions) -> int:
     return floats + cnn.n_highway * 4 * cnn.n_filters
 
 
-def position_floats(options: BiLMOptions, n_negative_samples: int = 0) -> int:
+def position_floats(options: ModelSizes, n_negative_samples: int = 0) -> int:
     """The activations one position of one direction keeps for the backward pass (a lower
     bound): its token vector, each LSTM layer's gates, cell and outputs, and the sampled
     softmax's logits (``n_negative_samples`` + 1; none for embedding)."""
@@ -130,7 +195,7 @@ def position_floats(options: BiLMOptions, n_negative_samples: int = 0) -> int:
     return floats + (n_negative_samples + 1 if n_negative_samples else 0)
 
 
-def check_model_size(options: BiLMOptions, source: str, word_embedding: tuple[int, int] | None = None) -> int:
+def check_model_size(options: ModelSizes, source: str, word_embedding: tuple[int, int] | None = None) -> int:
     """Refuse a model with a size above its ceiling (a backstop: options files are checked
     field by field as they are read), or whose parameters and the activations of one token
     would not fit in this machine's memory, before anything is built; returns the parameter
@@ -160,7 +225,7 @@ def check_model_size(options: BiLMOptions, source: str, word_embedding: tuple[in
 
 
 def check_training_size(
-    options: BiLMOptions, batch_size: int, unroll_steps: int, n_negative_samples: int
+    options: ModelSizes, batch_size: int, unroll_steps: int, n_negative_samples: int
 ) -> None:
     """Refuse a training batch that cannot fit: ``unroll_steps`` above its ceiling, or the
     weights (with their gradients and the optimizer's state) and the activations of

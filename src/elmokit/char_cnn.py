@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import numpy as np
 import torch
 from torch import nn
@@ -12,6 +15,8 @@ from .highway import Highway
 from .kernels import max_over_windows, needs_autograd
 from .options import CharCNNOptions
 from .token_cache import EncodingCache, caching_allowed
+
+__all__ = ["CharCNN", "TokenEncoder", "distinct_rows"]
 
 
 class CharCNN(nn.Module):
@@ -37,21 +42,26 @@ class CharCNN(nn.Module):
         self.reset_parameters()
 
     @property
+    def filter_convolutions(self) -> Sequence[nn.Conv1d]:
+        """The convolutions, one per filter width (``self.convolutions``, typed as what it holds)."""
+        return cast("Sequence[nn.Conv1d]", self.convolutions)
+
+    @property
     def output_dim(self) -> int:
-        return sum(conv.out_channels for conv in self.convolutions)
+        return sum(conv.out_channels for conv in self.filter_convolutions)
 
     def reset_parameters(self) -> None:
         """The original's initialisation (uniform +-1 embeddings; Kim et al. or Glorot filters)."""
         nn.init.uniform_(self.embedding.weight, -1.0, 1.0)
         with torch.no_grad():
             self.embedding.weight[0].zero_()
-        for conv in self.convolutions:
+        for conv in self.filter_convolutions:
             if self._tanh:
                 fan_in = conv.kernel_size[0] * conv.in_channels
                 nn.init.normal_(conv.weight, std=(1.0 / fan_in) ** 0.5)
             else:
                 nn.init.uniform_(conv.weight, -0.05, 0.05)
-            nn.init.zeros_(conv.bias)
+            nn.init.zeros_(cast(torch.Tensor, conv.bias))  # made with a bias
 
     # Tokens are grouped by length so that each group is convolved over a shorter prefix.
     LENGTH_BUCKETS = (8, 12, 20)
@@ -66,7 +76,7 @@ class CharCNN(nn.Module):
         window of padding only.
         """
         lengths = self._real_lengths(char_ids)
-        max_width = max(conv.kernel_size[0] for conv in self.convolutions)
+        max_width = max(conv.kernel_size[0] for conv in self.filter_convolutions)
         order = torch.argsort(lengths)
         lengths, ids = lengths[order], char_ids[order]
         bounds = torch.bucketize(
@@ -89,7 +99,8 @@ class CharCNN(nn.Module):
     def _convolve(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation."""
         x = self.embedding(char_ids).transpose(1, 2)  # (n, char_dim, width)
-        pooled = [max_over_windows(x, conv.weight, conv.bias) for conv in self.convolutions]
+        convs = self.filter_convolutions  # each made with a bias
+        pooled = [max_over_windows(x, conv.weight, cast(torch.Tensor, conv.bias)) for conv in convs]
         return self.activation(torch.cat(pooled, dim=-1))
 
 
@@ -193,7 +204,8 @@ class TokenEncoder(nn.Module):
 def _row_keys(rows: torch.Tensor, n_values: int) -> list[bytes]:
     """One bytes key per row of char ids (n, max_chars) with values in 0 .. n_values - 1."""
     array = rows.to(torch.int16 if n_values <= 2**15 else torch.int32).cpu().numpy()
-    return array.view(np.dtype((np.void, array.shape[1] * array.itemsize))).ravel().tolist()
+    keys: list[bytes] = array.view(np.dtype((np.void, array.shape[1] * array.itemsize))).ravel().tolist()
+    return keys
 
 
 _HASH_SEED = 0x5EED

@@ -36,7 +36,7 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -44,6 +44,46 @@ import torch
 from .atomic import atomic_path, write_json, write_text
 from .atomic import remove_leftovers as remove_temporary_files
 from .tensorfiles import load_tensors
+
+__all__ = [
+    "BEST_POINTER",
+    "CHECKPOINT_NAME",
+    "CHECKPOINT_POINTER",
+    "CONFIG_FILE",
+    "CheckpointError",
+    "MANIFEST_FILE",
+    "METRICS_FILES",
+    "PARTIAL_SUFFIX",
+    "VOCAB_FILE",
+    "average_weights",
+    "best_checkpoint",
+    "checkpoint_choices",
+    "checkpoint_folder",
+    "checkpoint_folders",
+    "checkpoint_name",
+    "checkpoint_step",
+    "keep_if_best",
+    "kept_checkpoints",
+    "latest_checkpoint",
+    "load_checkpoint_file",
+    "named_checkpoint",
+    "newest_checkpoints",
+    "partial_folder",
+    "point_latest",
+    "prune_checkpoints",
+    "publish_checkpoint",
+    "read_best",
+    "read_json",
+    "recent_checkpoints",
+    "remove_leftovers",
+    "resume_point",
+    "rng_state",
+    "save_checkpoint_file",
+    "set_rng_state",
+    "training_summary",
+    "verify_checkpoint_file",
+    "write_manifest",
+]
 
 CHECKPOINT_POINTER = "latest"
 BEST_POINTER = "best.json"
@@ -438,7 +478,8 @@ def checkpoint_step(folder: Path) -> int:
 def rng_state() -> dict[str, Any]:
     """This process's random states (torch, Python, NumPy, CUDA) as tensors and plain values."""
     state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
-    np_state = np.random.get_state()
+    # the legacy global generator is MT19937, whose state is this tuple (numpy's stub says "or a dict")
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     state["numpy"] = {
         "keys": torch.from_numpy(np_state[1].astype(np.int64)),
         "pos": int(np_state[2]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import signal
@@ -17,10 +18,13 @@ from typing import Any, NoReturn
 
 import torch
 
+from ._console import command_context
 from .atomic import write_json
 from .bilm import BiLM
 from .hub import DEFAULT_MODEL, TINY_REFERENCE, resolve_model
 from .language_model import LanguageModel
+
+__all__ = ["build_parser", "main", "run"]
 
 DEMO_WORD = "bank"
 MODEL_HELP = (
@@ -717,11 +721,8 @@ def download_command(args: argparse.Namespace) -> int:
 
 def serve_command(args: argparse.Namespace) -> int:
     """Serve the models over HTTP until SIGTERM or SIGINT (elmokit.serve); exits 0 after a drain."""
-    import logging
-
     from .serve import API_KEY_ENV, Limits, ServeConfig, serve
 
-    logging.basicConfig(level=logging.INFO, format="elmokit serve: %(message)s")
     limits = Limits(
         max_body_bytes=args.max_body_bytes,
         max_inputs=args.max_inputs,
@@ -741,7 +742,13 @@ def serve_command(args: argparse.Namespace) -> int:
         limits=limits,
     )
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    serve(config, args.host, args.port, api_key, workers=args.workers, drain_seconds=args.drain_seconds)
+    server_log = logging.getLogger("elmokit.serve")  # a server's log is its output: INFO shown
+    level = server_log.level
+    server_log.setLevel(logging.INFO)
+    try:
+        serve(config, args.host, args.port, api_key, workers=args.workers, drain_seconds=args.drain_seconds)
+    finally:
+        server_log.setLevel(level)
     return 0
 
 
@@ -798,6 +805,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="elmokit", description="ELMo: deep contextualized word representations.")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show what the library logs (INFO lines)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="embed example sentences and show what the layers do")
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
@@ -1138,7 +1148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; every error is one line. Returns the exit status."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), command_context(verbose=getattr(args, "verbose", False)):
         warnings.showwarning = _show_warning
         try:
             return args.func(args)

@@ -311,7 +311,7 @@ class SentenceStream:
             self._files, self._stride, self._offset = all_files[rank::world_size], 1, 0
         else:
             self._files, self._stride, self._offset = all_files, world_size, rank
-        self._config = {
+        self._config: dict[str, Any] = {
             "files": list(self._files),
             "rank": rank,
             "world_size": world_size,
@@ -651,18 +651,26 @@ class BidirectionalLMBatches:
         if not isinstance(files, (str, os.PathLike)):
             files = list(files)
         encoder = _TokenEncoder(vocab, max_characters_per_token, char_id_offset)
-        common = dict(
-            shuffle=shuffle,
-            loop=loop,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            max_characters_per_token=max_characters_per_token,
-            char_id_offset=char_id_offset,
-            _encoder=encoder,
-        )
-        self.forward = LMBatches(files, vocab, batch_size, unroll_steps, reverse=False, **common)
-        self.backward = LMBatches(files, vocab, batch_size, unroll_steps, reverse=True, **common)
+
+        def direction(reverse: bool) -> LMBatches:
+            return LMBatches(
+                files,
+                vocab,
+                batch_size,
+                unroll_steps,
+                reverse=reverse,
+                shuffle=shuffle,
+                loop=loop,
+                seed=seed,
+                rank=rank,
+                world_size=world_size,
+                max_characters_per_token=max_characters_per_token,
+                char_id_offset=char_id_offset,
+                _encoder=encoder,
+            )
+
+        self.forward = direction(reverse=False)
+        self.backward = direction(reverse=True)
 
     @property
     def batches(self) -> int:

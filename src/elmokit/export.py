@@ -29,6 +29,14 @@ from .weights import (
     write_start_state,
 )
 
+__all__ = [
+    "TRAINING_FILE",
+    "check_new_folder",
+    "copy_with_start_state",
+    "export_model",
+    "load_language_model",
+]
+
 TRAINING_FILE = "training.json"
 
 
@@ -60,6 +68,7 @@ def export_model(
     save_options(model.bilm.options, out / "options.json", extra)
     save_weights(model.bilm, out / "weights.hdf5")
     vocab.save(out / "vocab.txt")
+    assert model.softmax is not None  # load_language_model makes it with the vocabulary
     save_softmax(model.softmax, out / SOFTMAX_FILE)
     steps = None
     if average is not None:

@@ -6,8 +6,13 @@ transformed input. y = g * relu(x W_t + b_t) + (1 - g) * x, with g = sigmoid(x W
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 from torch import nn
+
+__all__ = ["Highway"]
 
 
 class Highway(nn.Module):
@@ -21,7 +26,8 @@ class Highway(nn.Module):
 
     def reset_parameters(self) -> None:
         """The original's initialisation: normal(0, sqrt(1/dim)) weights, carry bias -2."""
-        for carry, transform in zip(self.carry, self.transform):
+        pairs = cast("Iterable[tuple[nn.Linear, nn.Linear]]", zip(self.carry, self.transform))
+        for carry, transform in pairs:
             std = (1.0 / carry.in_features) ** 0.5
             nn.init.normal_(carry.weight, std=std)
             nn.init.normal_(transform.weight, std=std)

@@ -201,7 +201,7 @@ class SampledLogPartition(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         sampled_w: torch.Tensor,
@@ -222,7 +222,7 @@ class SampledLogPartition(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor):
         hidden, sampled_w, exp, exp_true, total = ctx.saved_tensors
         # d/d logits = exp * scale (row-wise; 0 at the hits): the scale is applied to the
         # smaller factors so that the (N, S) buffer is only read

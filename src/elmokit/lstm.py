@@ -17,8 +17,8 @@ output at step t, so the recurrence reads the previous step's block of the outpu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -226,6 +226,11 @@ class BiLstm(nn.Module):
         self.dropout = dropout
         dims = [input_dim] + [options.projection_dim] * (options.n_layers - 1)
         self.layers = nn.ModuleList(BiLstmLayer(d, options) for d in dims)
+
+    @property
+    def lstm_layers(self) -> Sequence[BiLstmLayer]:
+        """The layers, first to last (``self.layers``, typed as what it holds)."""
+        return cast("Sequence[BiLstmLayer]", self.layers)
 
     def zero_state(self, batch: int, device: torch.device | None = None) -> LstmState:
         """All-zero states for ``batch`` rows."""

@@ -89,7 +89,7 @@ class _Graph(nn.Module):
         cnn = encoder.char_cnn
         chars = ids if encoder.word_embedding is None else ids[:, :-1]
         x = cnn.embedding(chars).transpose(1, 2)
-        pooled = [F.conv1d(x, conv.weight, conv.bias).amax(dim=-1) for conv in cnn.convolutions]
+        pooled = [F.conv1d(x, conv.weight, conv.bias).amax(dim=-1) for conv in cnn.filter_convolutions]
         features = encoder.highway(cnn.activation(torch.cat(pooled, dim=-1)))
         if encoder.word_embedding is not None:
             features = torch.cat([encoder.word_embedding(ids[:, -1]), features], dim=-1)
@@ -141,7 +141,7 @@ class _CharTrim(NamedTuple):
     @classmethod
     def of(cls, bilm: BiLM) -> _CharTrim:
         cnn = bilm.token_encoder.char_cnn
-        widest = max(conv.kernel_size[0] for conv in cnn.convolutions)
+        widest = max(conv.kernel_size[0] for conv in cnn.filter_convolutions)
         word = bilm.token_encoder.word_embedding is not None
         boundary = cls(cnn.padding_id, cnn.max_chars, widest, word, 0).needed(bilm._boundary_ids.cpu())
         return cls(cnn.padding_id, cnn.max_chars, widest, word, boundary + int(word))
@@ -214,6 +214,8 @@ def export_onnx(
             )
     finally:
         bilm.train(was_training)
+    if program is None:  # torch returns None only for the legacy (dynamo=False) exporter
+        raise RuntimeError("torch.onnx.export returned no program")
     model = program.model_proto
     # The state inputs become optional: the given state (1 or `batch` rows) is broadcast to the
     # batch, and a state left out is the start state held in the file (an overridable initializer).

@@ -18,6 +18,8 @@ import torch
 
 from .lstm import BiLstm, BiLstmLayer, LstmState
 
+__all__ = ["reverse_index", "scan_bilstm", "scan_layer"]
+
 
 def _scan():
     """``torch._higher_order_ops.scan`` (private in torch; imported where it is used)."""
@@ -70,7 +72,7 @@ def scan_bilstm(
     length, and the final state."""
     x = inputs
     outputs, final_h, final_c = [], [], []
-    for k, layer in enumerate(lstm.layers):
+    for k, layer in enumerate(lstm.lstm_layers):
         out, h, c = scan_layer(layer, x, mask, state.h[k], state.c[k])
         if k > 0 and lstm.options.use_skip_connections:
             out = out + x

@@ -14,6 +14,9 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["count_lines", "read_lines", "standard_input"]
 
 # what surrogateescape turns undecodable bytes into
 _ESCAPED = re.compile("[\udc80-\udcff]")
@@ -22,7 +25,7 @@ _ESCAPED = re.compile("[\udc80-\udcff]")
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
     """The lines of a UTF-8 text file (or stdin for ``-``) without their line ends."""
     stdin = str(path) == "-"
-    raw = standard_input() if stdin else open(path, "rb")  # noqa: SIM115
+    raw: BinaryIO = standard_input() if stdin else open(path, "rb")  # noqa: SIM115
     text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline=None)
     try:
         for number, line in enumerate(text, start=1):
@@ -40,7 +43,7 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
             text.close()
 
 
-def standard_input() -> io.BufferedIOBase:
+def standard_input() -> BinaryIO:
     """The bytes of standard input; a closed one (``<&-``) is a ValueError saying so."""
     if sys.stdin is None or sys.stdin.closed:
         raise ValueError("standard input is closed: there is nothing to read from '-'; give a file")

@@ -186,15 +186,18 @@ class EncodingCache(Generic[K]):
             self._drop()
         slots = [self._slots.get(key) for key in keys]
         missing = [i for i, slot in enumerate(slots) if slot is None]
+        store = self._store
         if not missing:
-            return self._store[torch.tensor(slots, device=self._store.device)]
+            assert store is not None  # a key has a slot only in a store
+            return store[torch.tensor(slots, device=store.device)]
         encoded = encode(missing)
         if len(missing) == len(keys):
             out = encoded
         else:
             out = encoded.new_empty(len(keys), encoded.shape[1])
             found = [i for i, slot in enumerate(slots) if slot is not None]
-            out[torch.tensor(found, device=out.device)] = self._store[
+            assert store is not None  # a key has a slot only in a store
+            out[torch.tensor(found, device=out.device)] = store[
                 torch.tensor([slots[i] for i in found], device=out.device)
             ]
             out[torch.tensor(missing, device=out.device)] = encoded
@@ -218,6 +221,7 @@ class EncodingCache(Generic[K]):
                 grown[:rows] = store
             self._free.extend(range(size - 1, rows - 1, -1))
             self._store = store = grown
+        assert store is not None  # grown above unless its free slots hold the keys
         slots = []
         for key in keys:
             slot = self._free.pop() if self._free else self._slots.pop_oldest()

@@ -41,7 +41,7 @@ __all__ = [
 
 # What install_allennlp_modules() provides: each module (True: a package) and the attribute of
 # elmokit.compat.allennlp listing the names it holds (None: only its submodules).
-_TABLES = {
+_TABLES: dict[str, dict[str, tuple[bool, str | None]]] = {
     "allennlp": {
         "allennlp": (True, None),
         "allennlp.commands": (True, None),

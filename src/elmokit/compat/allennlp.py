@@ -32,7 +32,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import h5py
 import numpy as np
@@ -244,9 +244,12 @@ class ELMoTokenCharactersIndexer:
         self, tokens: Sequence[Any], vocabulary: Any, index_name: str
     ) -> dict[str, list[list[int]]]:
         """{index_name: one list of 50 ids per token}."""
-        texts = [token if isinstance(token, str) else getattr(token, "text", None) for token in tokens]
-        if any(text is None for text in texts):
-            raise ConfigurationError("ELMoTokenCharactersIndexer needs a tokenizer that retains text")
+        texts: list[str] = []
+        for token in tokens:
+            text = token if isinstance(token, str) else getattr(token, "text", None)
+            if text is None:
+                raise ConfigurationError("ELMoTokenCharactersIndexer needs a tokenizer that retains text")
+            texts.append(text)
         return {index_name: [self._mapper.convert_word_to_char_ids(text) for text in texts]}
 
     def get_padding_lengths(self, token: list[int]) -> dict[str, int]:
@@ -491,6 +494,9 @@ class _ElmoBiLm(nn.Module):
     ``bilm=`` wraps an elmokit ``BiLM`` instead of loading files (it is never changed).
     """
 
+    _bos_embedding: torch.Tensor  # buffers (projection_dim,) of the cached vocabulary's <S>, </S>
+    _eos_embedding: torch.Tensor
+
     def __init__(
         self,
         options_file: str | os.PathLike | None,
@@ -577,7 +583,7 @@ class _ElmoBiLm(nn.Module):
                 f"inputs must be char ids (batch, timesteps, 50), got shape {tuple(inputs.shape)}"
             )
         batch = inputs.shape[0]
-        lstm, like = self._elmo_lstm, bilm.lstm.layers[0].weight_hidden
+        lstm, like = self._elmo_lstm, bilm.lstm.lstm_layers[0].weight_hidden
         if lstm.stateful:
             initial = lstm.carried.initial(bilm, batch, like)
         else:  # AllenNLP's stateless encoder: zeros, and the carried states left untouched
@@ -590,6 +596,7 @@ class _ElmoBiLm(nn.Module):
             else:
                 out = bilm(inputs, initial, keep_sentence_boundaries=keep_sentence_boundaries)
         if lstm.stateful:
+            assert out.state is not None  # BiLM.forward always gives the final state
             lstm.carried.update(out.state)
         return out
 
@@ -646,7 +653,10 @@ class Elmo(nn.Module):
         if module is not None:
             if options_file is not None or weight_file is not None:
                 raise ConfigurationError("Don't provide options_file or weight_file with module")
-            self._elmo_lstm = _ElmoBiLm(None, None, bilm=module) if isinstance(module, BiLM) else module
+            # any other module stands in for _ElmoBiLm (AllenNLP's `module=`): it has its interface
+            self._elmo_lstm = (
+                _ElmoBiLm(None, None, bilm=module) if isinstance(module, BiLM) else cast(_ElmoBiLm, module)
+            )
         else:
             self._elmo_lstm = _ElmoBiLm(
                 options_file, weight_file, requires_grad=requires_grad, vocab_to_cache=vocab_to_cache

@@ -10,7 +10,7 @@ from ..hub import resolve_file
 __all__ = ["resolve_model_file"]
 
 
-def resolve_model_file(path_or_url: str | os.PathLike, what: str = "model file") -> Path:
+def resolve_model_file(path_or_url: str | os.PathLike | None, what: str = "model file") -> Path:
     """The local file for ``path_or_url`` (an options.json or an HDF5 weight file).
 
     A local path must name an existing file. A URL (http, https, s3), as AllenNLP and flair pass

@@ -234,7 +234,7 @@ class ElmoModel:
         assert bilm is not None and self.batcher is not None and self.batch_size is not None
         carried = CarriedState()  # a new session: zeros
         chunks = [list(map(list, chunk)) for chunk in divide_chunks(texts, self.batch_size)]
-        like = bilm.lstm.layers[0].weight_hidden
+        like = bilm.lstm.lstm_layers[0].weight_hidden
         with torch.no_grad():
             padding = bilm.token_encoder.encode_unique(
                 torch.zeros(1, bilm.token_encoder.input_width, dtype=torch.long, device=like.device)
@@ -272,11 +272,9 @@ class ElmoModel:
         """float64 (len(texts), longest text, dim), or (len(texts), layers, longest, dim) for
         ``layers="all"``: each token's vector (see the module docstring for warm-up)."""
         bilm = self._check(texts, layers, session)
-        longest = max(len(text) for text in texts)
-        if layers == "all":
-            out = np.zeros((len(texts), bilm.num_layers, longest, self.vector_size))
-        else:
-            out = np.zeros((len(texts), longest, self.vector_size))
+        longest, dim = max(len(text) for text in texts), bilm.output_dim  # dim: self.vector_size
+        shape = (len(texts), bilm.num_layers, longest, dim) if layers == "all" else (len(texts), longest, dim)
+        out = np.zeros(shape)
         first = 0
         for vectors in self._batches(texts, layers, warmup):
             last = first + vectors.shape[0]
@@ -297,15 +295,13 @@ class ElmoModel:
         """float64 (len(texts), dim), or (len(texts), layers, dim) for ``layers="all"``: each
         text's mean vector scaled to unit length, as simple_elmo computes it (module docstring)."""
         bilm = self._check(texts, layers, session)
-        n_layers = bilm.num_layers
-        shape = (
-            (len(texts), n_layers, self.vector_size) if layers == "all" else (len(texts), self.vector_size)
-        )
+        n_layers, dim = bilm.num_layers, bilm.output_dim  # dim: self.vector_size
+        shape = (len(texts), n_layers, dim) if layers == "all" else (len(texts), dim)
         out = np.zeros(shape)
         row = 0
         for vectors in self._batches(texts, layers, warmup):
             if layers == "all":  # simple_elmo's reshape, not a transpose
-                vectors = vectors.reshape(vectors.shape[0], vectors.shape[2], n_layers, self.vector_size)
+                vectors = vectors.reshape(vectors.shape[0], vectors.shape[2], n_layers, dim)
             for sentence in vectors:
                 sentence = sentence.astype(np.float64)
                 mean = sentence.sum(axis=0) / sentence.shape[0]

@@ -152,7 +152,7 @@ class ELMoEmbeddings(TokenEmbeddings):
 
     def _layers(self, words: list[list[str]]) -> torch.Tensor:
         bilm = self.bilm
-        weight = bilm.lstm.layers[0].weight_hidden
+        weight = bilm.lstm.lstm_layers[0].weight_hidden
         char_ids = batch_to_ids(words).to(weight.device)
         if self.mode == "stateful":
             state: Any = self.carried.initial(bilm, len(words), weight)

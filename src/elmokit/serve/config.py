@@ -15,6 +15,17 @@ from ..embed import Embedder
 from ..hub import DEFAULT_MODEL
 from ..language_model import LanguageModel
 
+__all__ = [
+    "API_KEY_ENV",
+    "CONFIG_ENV",
+    "Limits",
+    "ServeConfig",
+    "ServedModel",
+    "load_model",
+    "load_models",
+    "model_name",
+]
+
 log = logging.getLogger(__name__)
 
 API_KEY_ENV = "ELMOKIT_API_KEY"
@@ -71,9 +82,7 @@ class ServeConfig:
     @classmethod
     def from_json(cls, text: str) -> ServeConfig:
         data = json.loads(text)
-        return cls(
-            **{**data, "models": tuple(data["models"]), "limits": Limits(**data["limits"])}  # type: ignore[arg-type]
-        )
+        return cls(**{**data, "models": tuple(data["models"]), "limits": Limits(**data["limits"])})
 
 
 def model_name(spec: str) -> tuple[str, str]:

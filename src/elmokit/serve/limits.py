@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,20 @@ from fastapi.responses import JSONResponse
 
 from ..embed import _tokenizer
 from .config import Limits
+
+__all__ = [
+    "ApiError",
+    "ClientGone",
+    "Inputs",
+    "RETRY",
+    "check_text",
+    "choice",
+    "encode",
+    "error_response",
+    "flag",
+    "integer",
+    "kind_of",
+]
 
 RETRY = {"Retry-After": "1"}  # sent with every 503
 
@@ -35,7 +49,7 @@ class ApiError(Exception):
 
 
 def error_response(
-    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     """The JSON error of every refusal, in the OpenAI layout: {"error": {message, type, param, code}}."""
     kind = ApiError.KINDS.get(status, "invalid_request_error" if status < 500 else "server_error")

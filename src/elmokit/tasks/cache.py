@@ -120,7 +120,7 @@ class LayerCache:
 
     def __init__(
         self,
-        model: str | os.PathLike,
+        model: str | Path,
         cache_dir: str | os.PathLike | None = None,
         batch_size: int = 64,
         max_tokens_per_batch: int | None = 4096,

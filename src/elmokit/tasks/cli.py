@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._console import command_context
 from ..hub import DEFAULT_MODEL
 from .models import ModelConfig
 from .train import TASKS, TaskConfig, run_task
@@ -154,9 +155,14 @@ def _command_line() -> str:
     return shlex.join(["elmokit", *args])
 
 
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def task_command(args: argparse.Namespace) -> int:
     """Handler of ``elmokit task``: run it and print the metrics' summary line."""
-    metrics = run_task(config_from_args(args), command=_command_line())
+    log = None if args.quiet else _progress  # progress lines on stderr (the library logs them at INFO)
+    metrics = run_task(config_from_args(args), log, command=_command_line())
     print(
         f"{metrics['task']} {metrics['metric']}: dev {metrics['dev']:.2f} test {metrics['test']:.2f} "
         f"(elmo: {metrics['elmo'] or 'none'}, seed {metrics['seed']}, "
@@ -174,8 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] != ["task"]:
         argv = ["task", *argv]
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (OSError, ValueError, ImportError) as err:
-        print(f"elmokit: error: {err}", file=sys.stderr)
-        return 2
+    with command_context():
+        try:
+            return args.func(args)
+        except (OSError, ValueError, ImportError) as err:
+            print(f"elmokit: error: {err}", file=sys.stderr)
+            return 2

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+__all__ = ["ConditionalRandomField", "FORBIDDEN", "bioes_constraints"]
+
 # Score given to a forbidden transition: exp(-1e4) is 0 in float32, and it stays finite.
 FORBIDDEN = -1e4
 
@@ -23,6 +25,10 @@ class ConditionalRandomField(nn.Module):
     tensors, e.g. from ``bioes_constraints``; forbidden moves get a fixed score of -1e4 both in
     training and in decoding, so the model only ever scores well-formed tag sequences.
     """
+
+    allowed: torch.Tensor  # buffers (num_tags, num_tags), (num_tags,), (num_tags,)
+    allowed_start: torch.Tensor
+    allowed_end: torch.Tensor
 
     def __init__(
         self,

@@ -195,6 +195,8 @@ class Classifier(_Encoder):
         return self.output(torch.cat([pooled_max, pooled_mean], dim=-1))
 
     def loss(self, batch: Batch) -> torch.Tensor:
+        if batch.targets is None:
+            raise ValueError("a batch without targets has no loss")
         return nn.functional.cross_entropy(self.logits(batch), batch.targets)
 
     @torch.no_grad()

@@ -12,16 +12,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import math
 import os
 import random
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -43,7 +44,12 @@ from .readers import (
     tag_scheme,
 )
 
+if TYPE_CHECKING:
+    from ..embed import Embedder
+
 __all__ = ["TASKS", "TaskConfig", "TrainedTask", "cache_layers", "entity_scores", "run_task"]
+
+logger = logging.getLogger(__name__)
 
 MODEL_FORMAT = "elmokit-task-model-v1"
 
@@ -169,17 +175,25 @@ def encode(
     tagging: bool,
 ) -> Encoded:
     unk = words[UNK]
-    word_ids, char_ids, targets, freq = [], [], [], []
+    word_ids, char_ids, tags, freq = [], [], [], []
     for ex in examples:
         keys = [normalize_word(t) for t in ex.tokens]
         word_ids.append(torch.tensor([words.get(k, unk) for k in keys], dtype=torch.long))
         freq.append(torch.tensor([counts.get(k, 0) for k in keys], dtype=torch.long))
         char_ids.append(_char_ids(ex.tokens))
         if tagging:
-            targets.append(torch.tensor([labels.get(t, 0) for t in ex.target], dtype=torch.long))
-    if not tagging:
-        targets = torch.tensor([labels.get(ex.target, 0) for ex in examples], dtype=torch.long)
+            tags.append(torch.tensor([labels.get(t, 0) for t in ex.target], dtype=torch.long))
+    if tagging:
+        return Encoded(examples, word_ids, char_ids, tags, freq)
+    targets = torch.tensor([labels.get(_label(ex), 0) for ex in examples], dtype=torch.long)
     return Encoded(examples, word_ids, char_ids, targets, freq)
+
+
+def _label(example: Example) -> str:
+    """The label of a sentence of a classification task (its ``target``; tagging tasks have tags)."""
+    if not isinstance(example.target, str):
+        raise ValueError(f"a classification example has one label, not tags: {example.tokens[:5]}")
+    return example.target
 
 
 def make_batch(
@@ -196,7 +210,11 @@ def make_batch(
     mask = torch.zeros(b, t, dtype=torch.bool)
     words = torch.zeros(b, t, dtype=torch.long)
     chars = torch.zeros(b, t, width, dtype=torch.long)
-    targets = torch.zeros(b, t, dtype=torch.long) if tagging else data.targets[list(index)]
+    if tagging:
+        targets = torch.zeros(b, t, dtype=torch.long)
+    else:
+        assert isinstance(data.targets, torch.Tensor)  # one label per sentence: encode()'s tensor
+        targets = data.targets[list(index)]
     for row, i in enumerate(index):
         n = lengths[row]
         mask[row, :n] = True
@@ -212,7 +230,7 @@ def make_batch(
     batch = Batch(mask=mask, words=words, chars=chars, targets=targets)
     if fine_tune:
         batch.elmo_char_ids = batch_to_ids([data.examples[i].tokens for i in index])
-    elif data.layers is not None:
+    elif data.layers is not None and data.layer_index is not None:
         first = data.layers.token_major(data.layer_index[index[0]])
         layers = np.zeros((b, t, first.shape[1], first.shape[2]), dtype=np.float32)
         for row, i in enumerate(index):
@@ -265,8 +283,9 @@ def score(task: str, examples: Sequence[Example], predictions: Sequence) -> dict
 
 # -- the run ------------------------------------------------------------------------------------
 def _log(config: TaskConfig, message: str) -> None:
+    """A line of the run's progress (``config.progress``), logged at INFO."""
     if config.progress:
-        print(message, file=sys.stderr, flush=True)
+        logger.info(message)
 
 
 def _seed_everything(seed: int) -> None:
@@ -275,7 +294,9 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _param_groups(model: torch.nn.Module, trainable: list[torch.Tensor], config: TaskConfig) -> list[dict]:
+def _param_groups(
+    model: torch.nn.Module, trainable: Sequence[torch.Tensor], config: TaskConfig
+) -> list[dict]:
     """Adam's parameter groups: the fine-tuned biLM at ``elmo_lr`` (if given), the rest at ``lr``."""
     elmo = next((m for m in model.modules() if isinstance(m, Elmo)), None)
     if not config.fine_tune_elmo or config.elmo_lr is None or elmo is None:
@@ -292,6 +313,8 @@ def build_model(
 ) -> Tagger | Classifier:
     elmo = None
     if config.fine_tune_elmo:
+        if elmo_model is None:
+            raise ValueError("fine_tune_elmo needs an ELMo model; elmo is None")
         bilm = BiLM.load(*model_files(elmo_model))
         elmo = Elmo(
             bilm=bilm,
@@ -311,6 +334,8 @@ def build_model(
 def _cached_layers(
     config: TaskConfig, splits: dict[str, list[Example]], log: Callable[[str], None]
 ) -> dict[str, CachedLayers]:
+    if config.elmo is None:
+        raise ValueError("no ELMo model in this config")
     cache = LayerCache(
         config.elmo, config.cache_dir, batch_size=config.elmo_batch_size, progress=config.progress
     )
@@ -443,10 +468,10 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
                 f"{p}-{k}" for t in label_set if t != "O" for k in [t.split("-", 1)[1]] for p in "BIES"
             }
     else:
-        label_set = {ex.target for ex in train_all + dev}
+        label_set = {_label(ex) for ex in train_all + dev}
     labels = sorted(label_set)
     label_ids = {label: i for i, label in enumerate(labels)}
-    unknown = sorted({t for ex in test for t in (ex.target if tagging else [ex.target])} - label_set)
+    unknown = sorted({t for ex in test for t in (ex.target if tagging else [_label(ex)])} - label_set)
     if unknown:
         log(f"note: test labels never seen in train or dev (always counted wrong): {', '.join(unknown)}")
 
@@ -477,8 +502,8 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
                 splits[name].layers = layers
                 splits[name].layer_index = keep if name == "train" else list(range(len(layers)))
                 elmo_info[f"{name}_cache"] = str(layers.path)
-            config.model.elmo_layers = splits["train"].layers.num_layers
-            config.model.elmo_dim = splits["train"].layers.dim
+            config.model.elmo_layers = cached["train"].num_layers
+            config.model.elmo_dim = cached["train"].dim
             cache_cpu, cache_wall = time.process_time() - c0, time.perf_counter() - w0
 
     _seed_everything(config.seed)
@@ -545,7 +570,8 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
             break
     epochs_run = epoch
 
-    model.load_state_dict(best_state)
+    if best_state is not None:  # None: no round improved on -inf (dev scores of NaN)
+        model.load_state_dict(best_state)
     dev_pred = _predict(model, splits["dev"], labels, config)
     test_pred = _predict(model, splits["test"], labels, config)
     dev_scores, test_scores = score(task, dev, dev_pred), score(task, test, test_pred)
@@ -629,7 +655,7 @@ class TrainedTask:
         self.model, self.config = model.eval(), config
         self.words = {w: i for i, w in enumerate(words)}
         self.labels = labels
-        self._embedder = None
+        self._embedder: Embedder | None = None
 
     @classmethod
     def load(cls, out_dir: str | os.PathLike, elmo: str | os.PathLike | None = None) -> TrainedTask:

@@ -1,0 +1,57 @@
+"""What a command-line front end sets up around one command, and the library never does by itself:
+the ``elmokit`` logger's one-line messages on stderr, and signal handling for atomic writes
+(SIGTERM during a write raises, so no partial file is left: ``atomic.handle_signals``).
+
+Used by ``elmokit.cli`` and ``python -m elmokit.tasks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from .atomic import handle_signals
+
+__all__ = ["command_context"]
+
+
+class _OneLine(logging.Formatter):
+    """A log record as the command line's own lines: an INFO record as its message, a warning or
+    an error as ``elmokit: warning|error: message`` (no traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            return f"elmokit: {'warning' if record.levelno < logging.ERROR else 'error'}: {message}"
+        return message
+
+
+@contextmanager
+def _logging(verbose: bool) -> Iterator[None]:
+    """While the block runs, the ``elmokit`` logger writes to stderr, one line per record:
+    warnings and errors, and with ``verbose`` INFO too; before and after, it is as it was."""
+    logger = logging.getLogger("elmokit")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+@contextmanager
+def command_context(verbose: bool = False) -> Iterator[None]:
+    """Around one command: the ``elmokit`` logger on stderr (warnings and errors; ``verbose``:
+    INFO too) and SIGTERM/SIGINT handled during atomic writes."""
+    with ExitStack() as stack:
+        stack.enter_context(_logging(verbose))
+        stack.enter_context(handle_signals())
+        yield

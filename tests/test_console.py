@@ -1,0 +1,70 @@
+"""What the command line sets up around a command and the library never does by itself: the
+``elmokit`` logger's one-line messages on stderr, and signal handling for atomic writes."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+
+import elmokit.cli
+from elmokit._console import command_context
+from elmokit.atomic import atomic_path
+
+
+def test_importing_the_library_configures_no_logging_and_no_signal_handler():
+    code = (
+        "import logging, pkgutil, importlib, signal, elmokit\n"
+        "skip = {'elmokit.cli', 'elmokit._console', 'elmokit.tasks.__main__'}\n"
+        "for m in pkgutil.walk_packages(elmokit.__path__, 'elmokit.'):\n"
+        "    if m.name not in skip and not m.name.startswith(('elmokit.integrations', 'elmokit.serve')):\n"
+        "        importlib.import_module(m.name)\n"
+        "log = logging.getLogger('elmokit')\n"
+        "print(log.handlers, log.level, logging.getLogger().handlers,\n"
+        "      signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,\n"
+        "      signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "0", "[]", "True", "True"]
+
+
+def test_a_command_shows_the_librarys_log_in_one_line_per_record(capsys):
+    log = logging.getLogger("elmokit.somewhere")
+    with command_context():
+        log.info("not shown without --verbose")
+        log.warning("the model has no start state")
+    with command_context(verbose=True):
+        log.info("wrote out.hdf5")
+        log.error("cannot read x")
+        log.debug("not shown")
+    log.warning("after the command: not through elmokit's handler")
+    err = capsys.readouterr().err.splitlines()
+    assert err[:3] == [
+        "elmokit: warning: the model has no start state",
+        "wrote out.hdf5",
+        "elmokit: error: cannot read x",
+    ]
+    root = logging.getLogger("elmokit")
+    assert root.handlers == [] and root.level == logging.NOTSET and root.propagate
+
+
+def test_the_cli_runs_each_command_inside_the_context(tmp_path, monkeypatch, capsys):
+    """``elmokit.cli.run`` enters it: a command's log lines reach stderr (INFO with --verbose),
+    and its atomic writes install the SIGTERM handler (which a library write never does)."""
+    seen = []
+
+    def command(args) -> int:
+        logging.getLogger("elmokit.models").info("a line from the library")
+        with atomic_path(tmp_path / "out.txt") as tmp:
+            seen.append(signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)
+            tmp.write_text("done")
+        return 0
+
+    monkeypatch.setattr(elmokit.cli, "models_command", command)
+    assert elmokit.cli.main(["models"]) == 0
+    assert seen == [True] and (tmp_path / "out.txt").read_text() == "done"
+    assert capsys.readouterr().err == ""  # an INFO line: shown with --verbose only
+    assert elmokit.cli.main(["--verbose", "models"]) == 0
+    assert capsys.readouterr().err == "a line from the library\n"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -22,7 +22,7 @@ from elmokit.probe import (
     run_wsd,
 )
 from elmokit.probe.tagging import _scores
-from elmokit.tasks.readers import TaggedSentence
+from elmokit.task_data import TaggedSentence
 
 MODEL = "elmo-tiny-reference"
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "home"]

@@ -35,7 +35,7 @@ from elmokit.tasks import (
     spans,
 )
 from elmokit.tasks.cli import main as task_main
-from elmokit.tasks.readers import from_bioes, tag_scheme
+from elmokit.task_data import from_bioes, tag_scheme
 
 CONLL = """-DOCSTART- -X- O O
 

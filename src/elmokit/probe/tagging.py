@@ -27,7 +27,7 @@ from torch import nn
 
 from ..embed import Embedder
 from ..scalar_mix import ScalarMix
-from ..tasks.readers import TaggedSentence, read_conll2003, read_conllu, spans
+from ..task_data import TaggedSentence, read_conll2003, read_conllu, spans
 
 __all__ = [
     "FORMATS",

@@ -10,7 +10,7 @@ mix and the task model are trained.
 from .cache import CachedLayers, LayerCache
 from .crf import ConditionalRandomField, bioes_constraints
 from .models import Batch, Classifier, ModelConfig, Tagger
-from .readers import (
+from ..task_data import (
     LabeledSentence,
     TaggedSentence,
     bioes_to_iob1,

@@ -35,7 +35,7 @@ from ..hub import DEFAULT_MODEL, TINY_REFERENCE, model_files
 from .cache import CachedLayers, LayerCache, file_sha256
 from .crf import bioes_constraints
 from .models import Batch, Classifier, ModelConfig, Tagger
-from .readers import (
+from ..task_data import (
     from_bioes,
     iob1_to_bioes,
     read_conll2003,

@@ -62,13 +62,13 @@ from .checkpoints import CHECKPOINT_POINTER
 from .data import SPECIAL_TOKENS, Vocabulary
 from .devices import resolve_device
 from .download import is_url
-from .embed import _evaluating, _tokenizer
+from .embed import evaluating
 from .export import load_language_model
 from .language_model import LanguageModel
 from .pretrained import DEFAULT_MODEL, MODELS_DIR
 from .registry import find
 from .sources import resolve_model
-from .textfiles import count_lines, read_lines
+from .textfiles import count_lines, line_splitter, read_lines
 from .weights import SOFTMAX_FILE
 
 __all__ = [
@@ -224,7 +224,7 @@ def _score_batch(
     model: LanguageModel, vocab: Vocabulary, sentences: Sequence[Sequence[str]], mode: str
 ) -> list[SentenceScore]:
     """Scores of a batch of non-empty sentences, in the given order."""
-    with _evaluating(model), torch.inference_mode():
+    with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, sentences, mode)
         steps, dim = forward.shape[1], forward.shape[2]
         # Rows of the flattened (batch * steps) top layer and their targets; positions count
@@ -442,7 +442,7 @@ def _score_to(
 ) -> ScoreSummary:
     from tqdm import tqdm
 
-    split = _tokenizer(tokenize)
+    split = line_splitter(tokenize)
     pending: deque[tuple[int, str]] = deque()  # (line number, text) of sentences read, not yet written
     summary = ScoreSummary(0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
     start = time.perf_counter()
@@ -505,7 +505,7 @@ def word_distributions(
     </S>), and both = log P_fwd + log P_bwd renormalised (a product of experts)."""
     _check_model(model, vocab, mode)
     _check_position(tokens, position)
-    with _evaluating(model), torch.inference_mode():
+    with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, [tokens], mode)
         # with <S> at 0 the word is at position + 1: the forward LM predicts it from the step
         # before, the backward LM from the step after

@@ -17,9 +17,9 @@ import elmokit.char_cnn as char_cnn
 import elmokit.embed as embed
 from elmokit import BiLM, batch_to_ids, kernels, lstm
 from elmokit.char_cnn import distinct_rows
-from elmokit.vectors_file import SentenceIndex
 from elmokit.lstm import LstmState
 from elmokit.options import LstmOptions, preset
+from elmokit.vectors_file import SentenceIndex
 
 
 def test_packed_inference_equals_autograd_path(tiny_sentences):

@@ -42,6 +42,7 @@ from array import array as typed_array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,7 +66,7 @@ from .vectors_file import (
     write_vectors,
 )
 
-__all__ = ["LineEmbedder", "Store", "check_splittable", "progress_bar", "run", "share"]
+__all__ = ["LineEmbedder", "check_splittable", "progress_bar", "run", "share"]
 
 _TRAILER = struct.Struct("<q8s")  # the number of lines of a part, and this mark
 _MARK = b"elmokit1"
@@ -88,9 +89,6 @@ class LineEmbedder(Protocol):
     def embed_sentences(self, sentences: Any, pooling: str | None = None) -> Iterator[np.ndarray]: ...
 
     def encode_token_block(self, tokens: list[str]) -> np.ndarray: ...
-
-
-Store = dist.Store
 
 
 def progress_bar(enabled: bool, total: int | None, desc: str | None = None) -> Any:
@@ -247,7 +245,12 @@ def _embed_share(
             embedder, input_path, output, overwrite, parts, layers, pooling, sentence_index, progress
         )
         end = time.perf_counter()
-        summary: dict[str, Any] = {"sentences": lines, "tokens": n_tokens, "empty": empty, "seconds": end - start}
+        summary: dict[str, Any] = {
+            "sentences": lines,
+            "tokens": n_tokens,
+            "empty": empty,
+            "seconds": end - start,
+        }
         summary |= {"output": str(output), "processes": size, "merge_seconds": end - embedded}
         result = json.dumps(summary)
         job.merged(result)
@@ -425,32 +428,32 @@ def run(
         processes,
     )
     context = mp.start_processes(_worker, (start,), nprocs=processes, join=False, start_method="spawn")
+    workers = context.processes  # in rank order
     command, output = what
-    try:
-        while not context.join():
-            pass
-    except mp.ProcessExitedException as err:
-        rank = err.error_index
-        if err.exit_code == _FAILED and store.check([f"error/{rank}"]):
-            cause = store.get(f"error/{rank}").decode()
-            raise ChildProcessError(
-                f"{command} process {rank} failed: {cause}; {output} was not written"
-            ) from None
-        code = err.exit_code
-        why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-        raise ChildProcessError(
-            f"{command} process {rank} failed ({why}); {output} was not written"
-        ) from None
-    except mp.ProcessRaisedException as err:
-        last = str(err).strip().splitlines()[-1]
-        message = f"{command} process {err.error_index} failed: {last}; {output} was not written"
-        raise ChildProcessError(message) from None
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-        for process in context.processes:
-            process.join()
+    failed: tuple[int, int] | None = None
+    try:  # waited for here, not by context.join(), whose log lines would come before elmokit's
+        running = list(workers)
+        while running and failed is None:
+            connection.wait([worker.sentinel for worker in running])
+            failed = next(
+                ((rank, w.exitcode) for rank, w in enumerate(workers) if w.exitcode not in (None, 0)), None
+            )
+            running = [worker for worker in running if worker.exitcode is None]
+    finally:  # the others stop at once (SIGTERM: they remove their scratch files)
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+        for worker in workers:
+            worker.join()
+    if failed is not None:
+        rank, code = failed
+        if code == _FAILED and store.check([f"error/{rank}"]):
+            why = ": " + store.get(f"error/{rank}").decode()
+        else:
+            why = f" (killed by {signal.Signals(-code).name})" if code < 0 else f" (exit status {code})"
+        raise ChildProcessError(f"{command} process {rank} failed{why}; {output} was not written")
+    if not store.check(["result"]):
+        raise ChildProcessError(f"the {command} processes ended without a result; {output} was not written")
     return json.loads(store.get("result").decode())
 
 
@@ -473,7 +476,7 @@ def _worker(rank: int, start: _Start) -> None:
             result = share(start.kind, embedder, start.arguments, job)
             if rank == 0:
                 store.set("result", json.dumps(result))
-    except (OSError, ValueError, ImportError, RuntimeError) as err:
+    except Exception as err:  # noqa: BLE001 (any failure: its one line goes to the starting process)
         store.set(
             f"error/{rank}", str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         )

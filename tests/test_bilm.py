@@ -171,7 +171,7 @@ def test_default_state_is_the_start_state_and_zero_is_explicit(tiny_files, tiny_
         zero = model(ids).layers  # no start state: zeros
         torch.testing.assert_close(model(ids, state="zero").layers, zero, atol=0, rtol=0)
         torch.testing.assert_close(model(ids, state=model.zero_state(2)).layers, zero, atol=0, rtol=0)
-        model.start_state = LstmState(torch.full((2, 2, 16), 0.2), torch.full((2, 2, 64), -0.3))
+        model.set_start_state(LstmState(torch.full((2, 2, 16), 0.2), torch.full((2, 2, 64), -0.3)))
         warm = model(ids).layers
         explicit = model(ids, state=model.initial_state(2)).layers
         still_zero = model(ids, state="zero").layers

@@ -124,7 +124,7 @@ def test_warm_start_state_round_trip_and_modes(tmp_path, bilm, sentences, tiny_f
     assert state.h.shape == (2, 2, 16) and state.c.shape == (2, 2, 64)
     assert state.h.abs().sum() > 0
     model = BiLM.load(*tiny_files)
-    model.start_state = state
+    model.set_start_state(state)
     model.save(tmp_path / "options.json", tmp_path / "weights.hdf5")
     with h5py.File(tmp_path / "weights.hdf5") as f:
         np.testing.assert_array_equal(f["start_state/c"][...], state.c.numpy())
@@ -458,3 +458,69 @@ def test_cli_embed_pooling_writes_one_row_per_line(tmp_path, capsys):
         main(["embed", source, str(tmp_path / "x.hdf5"), "--pooling", "sum", *model])
     assert exit_.value.code == 2
     assert "elmokit: error: argument --pooling: invalid choice: 'sum'" in capsys.readouterr().err
+
+
+def test_an_empty_sentence_gives_an_empty_array_as_allennlp(bilm, sentences):
+    """embed_batch and embed_sentence give (num_layers, 0, dim) for a sentence without tokens,
+    alone or among others, and the others' vectors are those of a batch without it."""
+    embedder = Embedder(bilm, mode="zero", device="cpu")
+    alone = embedder.embed_sentence([])
+    assert alone.shape == (3, 0, 32) and alone.dtype == np.float32
+    assert [a.shape for a in embedder.embed_batch([[], []])] == [(3, 0, 32)] * 2
+    mixed = embedder.embed_batch([sentences[0], [], sentences[1], []])
+    plain = embedder.embed_batch([sentences[0], sentences[1]])
+    assert [a.shape for a in mixed] == [
+        (3, len(sentences[0]), 32),
+        (3, 0, 32),
+        (3, len(sentences[1]), 32),
+    ] + [(3, 0, 32)]
+    np.testing.assert_array_equal(mixed[0], plain[0])
+    np.testing.assert_array_equal(mixed[2], plain[1])
+    with pytest.raises(ValueError, match="empty token"):
+        embedder.embed_batch([["a", ""]])
+
+
+def test_start_state_is_a_buffer_that_moves_and_round_trips(tiny_files):
+    """The start state moves with .to(), lives in state_dict, loads from one (also into a model
+    without one), and a state dict without it (older, or of a model without one) keeps it."""
+    state = LstmState(torch.full((2, 2, 16), 0.25), torch.full((2, 2, 64), -0.5))
+    model = BiLM.load(*tiny_files)
+    assert model.start_state is None and "start_state_h" not in model.state_dict()
+    model.set_start_state(state)
+    with pytest.raises(AttributeError):
+        model.start_state = state  # set through set_start_state only
+    with pytest.raises(ValueError, match=r"^a start state of shapes h \(2, 2, 3\)"):
+        model.set_start_state(LstmState(torch.zeros(2, 2, 3), torch.zeros(2, 2, 64)))
+    saved = model.state_dict()
+    torch.testing.assert_close(saved["start_state_h"], state.h, rtol=0, atol=0)
+    torch.testing.assert_close(saved["start_state_c"], state.c, rtol=0, atol=0)
+    moved = model.to(torch.float64)
+    assert moved.start_state is not None and moved.start_state.h.dtype == torch.float64
+    model.to(torch.float32)
+    fresh = BiLM.load(*tiny_files)
+    fresh.load_state_dict(saved)  # strict: the keys are known once the state is set
+    torch.testing.assert_close(fresh.start_state.c, state.c, rtol=0, atol=0)
+    ids = batch_to_ids([["a", "b"]])
+    torch.testing.assert_close(fresh(ids).layers, model(ids).layers, rtol=0, atol=0)
+    older = {k: v for k, v in saved.items() if not k.startswith("start_state_")}
+    fresh.load_state_dict(older)  # strict too; the start state stays
+    torch.testing.assert_close(fresh.start_state.h, state.h, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="a start state needs both"):
+        fresh.load_state_dict({**older, "start_state_h": state.h})
+
+
+def test_the_hdf5_free_list_switch_turns_the_tuning_off(bilm, tmp_path, monkeypatch):
+    """Kernel hdf5_free_lists (on by default) makes embed_file call into libhdf5; off, it does not."""
+    from elmokit import _hdf5_tuning, kernels
+
+    calls: list[int] = []
+    monkeypatch.setattr(_hdf5_tuning, "_limit_free_lists", lambda: calls.append(1) or True)
+    source = write_lines(tmp_path / "in.txt", ["a b", "c"])
+    embedder = Embedder(bilm, mode="zero", device="cpu")
+    embedder.embed_file(source, tmp_path / "on.hdf5", progress=False)
+    assert calls == [1]
+    with kernels.disabled("hdf5_free_lists"):
+        embedder.embed_file(source, tmp_path / "off.hdf5", progress=False)
+        assert _hdf5_tuning.apply() is False
+    assert calls == [1]
+    assert (tmp_path / "on.hdf5").read_bytes() == (tmp_path / "off.hdf5").read_bytes()

@@ -1,5 +1,5 @@
-"""`elmokit embed` and `elmokit tokens` shared by processes (elmokit.distributed): two CPU processes
-(gloo's machine, torch's elastic launcher) write the output of one process; stateful mode and
+"""`elmokit embed` and `elmokit tokens` shared by processes (``Embedder.embed_file(processes=N)``,
+``--nproc N``, torchrun): two CPU processes write the output of one process; stateful mode and
 stdin are refused; a killed process leaves the previous output (or none) and its leftovers are
 removed by the next write."""
 
@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import distributed, kernels
-from elmokit._processes import run_processes
+from elmokit import kernels
 from elmokit.embed import Embedder
 
 from .conftest import TINY
@@ -67,22 +66,6 @@ def _output(folder: Path, layers: str, mode: str, pooling: str | None, processes
     return folder / f"{layers}-{mode}-{pooling}-{processes}.hdf5"
 
 
-def _jobs_process(folder: str, vocab: str) -> None:
-    """One of the processes that ``run_processes`` starts: every job of JOBS, then the tokens,
-    through elmokit.distributed (the token cache off: see test_two_processes_write_...)."""
-    torch.set_num_threads(1)
-    folder_path = Path(folder)
-    with kernels.disabled("token_cache"):
-        for layers, mode, pooling in JOBS:
-            embedder = Embedder(MODEL, batch_size=4, mode=MODES[mode], device="cpu")
-            output = _output(folder_path, layers, mode, pooling, 2)
-            distributed.embed_file(
-                embedder, folder_path / "in.txt", output, layers, progress=False, pooling=pooling
-            )
-        n = distributed.embed_tokens_file(Embedder(MODEL, device="cpu"), vocab, folder_path / "tokens-2.hdf5")
-        assert n == 9000
-
-
 def test_two_processes_write_the_file_of_one_bit_for_bit(tmp_path):
     """With the token cache off, each process computes exactly the batches one process computes
     (chunk c of 8 x batch size lines goes to process c mod 2), so the merged file is the single
@@ -91,21 +74,33 @@ def test_two_processes_write_the_file_of_one_bit_for_bit(tmp_path):
     assert len(lines) > 300 and "" in lines
     write_lines(tmp_path / "in.txt", lines)
     vocab = write_lines(tmp_path / "vocab.txt", [f"w{i}" for i in range(9000)])  # 3 blocks of 4096
-    run_processes(_jobs_process, (str(tmp_path), str(vocab)), nproc=2)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # the workers take at most this process's threads: the same floats
     try:
-        with kernels.disabled("token_cache"):
+        with kernels.disabled("token_cache"):  # passed on to the workers
             for layers, mode, pooling in JOBS:
-                one = _output(tmp_path, layers, mode, pooling, 1)
                 embedder = Embedder(MODEL, batch_size=4, mode=MODES[mode], device="cpu")
-                summary = embedder.embed_file(
-                    tmp_path / "in.txt", one, layers, progress=False, pooling=pooling
-                )
-                assert summary.sentences == len(lines) and summary.empty == sum(not x.split() for x in lines)
-                two = _output(tmp_path, layers, mode, pooling, 2)
+                sums = []
+                for processes in (1, 2):
+                    output = _output(tmp_path, layers, mode, pooling, processes)
+                    sums.append(
+                        embedder.embed_file(
+                            tmp_path / "in.txt",
+                            output,
+                            layers,
+                            progress=False,
+                            pooling=pooling,
+                            processes=processes,
+                        )
+                    )
+                one, two = (_output(tmp_path, layers, mode, pooling, n) for n in (1, 2))
                 assert two.read_bytes() == one.read_bytes(), (layers, mode, pooling)
-            Embedder(MODEL, device="cpu").embed_tokens_file(vocab, tmp_path / "tokens-1.hdf5")
+                assert sums[0].sentences == sums[1].sentences == len(lines)
+                assert sums[0].empty == sums[1].empty == sum(not x.split() for x in lines)
+                assert sums[0].tokens == sums[1].tokens and sums[1].processes == 2
+            embedder = Embedder(MODEL, device="cpu")
+            assert embedder.embed_tokens_file(vocab, tmp_path / "tokens-1.hdf5") == 9000
+            assert embedder.embed_tokens_file(vocab, tmp_path / "tokens-2.hdf5", processes=2) == 9000
     finally:
         torch.set_num_threads(threads)
     assert (tmp_path / "tokens-2.hdf5").read_bytes() == (tmp_path / "tokens-1.hdf5").read_bytes()
@@ -173,18 +168,20 @@ def test_refused_with_one_line_errors(tmp_path, monkeypatch, capsys):
     ]
     base[1] = "-"
     assert main(base) == 2
-    assert capsys.readouterr().err.splitlines() == [
+    assert capsys.readouterr().err.splitlines()[-1:] == [
         "elmokit: error: standard input can be read only once, so it cannot be split between "
         "processes; give a file"
     ]
+    with pytest.raises(ValueError, match="^processes must be a whole number of at least 1, got 0$"):
+        Embedder(MODEL).embed_file(source, tmp_path / "out.hdf5", processes=0)
     # under torchrun (WORLD_SIZE set) the library refuses the same before any process talks
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(ValueError, match="^--mode stateful carries LSTM states"):
-        distributed.embed_file(Embedder(MODEL, mode="stateful"), source, tmp_path / "out.hdf5")
+        Embedder(MODEL, mode="stateful").embed_file(source, tmp_path / "out.hdf5")
     assert main(["embed", str(source), str(tmp_path / "o.hdf5"), "--nproc", "2"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        "elmokit: error: under torchrun, leave out --nproc: torchrun starts the processes"
+    assert capsys.readouterr().err.splitlines()[-1:] == [
+        "elmokit: error: under torchrun, leave out --nproc (processes): torchrun starts the processes"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
@@ -214,9 +211,10 @@ def test_a_bad_line_stops_every_process_and_leaves_nothing(tmp_path):
     )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("elmokit: error:")]
-    assert "elmokit: error: in.txt: line 51 is not valid UTF-8 (invalid start byte)" in errors
-    assert errors[-1].startswith("elmokit: error: embed process ")
-    assert errors[-1].endswith("failed (exit status 2); out.hdf5 was not written")
+    assert len(errors) == 1 and errors[0].startswith("elmokit: error: embed process "), result.stderr
+    assert errors[0].endswith(
+        " failed: in.txt: line 51 is not valid UTF-8 (invalid start byte); out.hdf5 was not written"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 
@@ -270,7 +268,7 @@ def test_a_killed_process_leaves_the_previous_output(tmp_path, launcher, victim)
         assert err.splitlines()[-1] == (
             f"elmokit: error: embed process {rank} failed (killed by SIGKILL); out.hdf5 was not written"
         )
-    if victim == "part":  # process 0 was stopped by the launcher while it wrote its part
+    if victim == "part" and launcher == "torchrun":  # process 0, stopped while it wrote its part
         assert "elmokit: error: interrupted by SIGTERM; no partial output was left" in err.splitlines()
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
     # the killed process's only: its part (and the temporary output when it was merging)

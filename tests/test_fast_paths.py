@@ -17,15 +17,15 @@ import elmokit.char_cnn as char_cnn
 import elmokit.embed as embed
 from elmokit import BiLM, batch_to_ids, kernels, lstm
 from elmokit.char_cnn import distinct_rows
-from elmokit.embed import SentenceIndex
 from elmokit.lstm import LstmState
 from elmokit.options import LstmOptions, preset
+from elmokit.vectors_file import SentenceIndex
 
 
 def test_packed_inference_equals_autograd_path(tiny_sentences):
     torch.manual_seed(0)
     bilm = BiLM(preset("tiny")).eval()
-    bilm.start_state = LstmState(torch.randn(2, 2, 16) * 0.3, torch.randn(2, 2, 64) * 0.3)
+    bilm.set_start_state(LstmState(torch.randn(2, 2, 16) * 0.3, torch.randn(2, 2, 64) * 0.3))
     sentences = [s.split() for s in tiny_sentences[0][:7]]
     sentences[2] = sentences[2] * 9  # long: several windows
     bilm.window = 16

@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -287,12 +288,26 @@ def test_reading_a_closed_standard_input_is_one_line(tmp_path, monkeypatch, caps
 
 def test_a_failed_nproc_run_prints_only_elmokits_lines(tmp_path, text):
     env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # a model that is missing is refused before any process starts
     argv = [sys.executable, "-m", "elmokit.cli", "embed", str(text), str(tmp_path / "out.hdf5")]
     argv += ["--nproc", "2", "--model", str(tmp_path / "missing"), "--device", "cpu"]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode == 2
-    assert "embed process" in _error_line(done.stderr) and "was not written" in done.stderr
-    assert not (tmp_path / "out.hdf5").exists()
+    assert done.stderr.splitlines() == [_error_line(done.stderr)]
+    assert _error_line(done.stderr).startswith("elmokit: error: no model folder, archive or known model")
+    # a worker that fails: one line naming it and its cause, nothing from torch
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a b\n" * 20 + b"broken \xff line\n")
+    argv = [sys.executable, "-m", "elmokit.cli", "embed", str(bad), str(tmp_path / "out.hdf5"), "--quiet"]
+    argv += ["--nproc", "2", "--model", "elmo-tiny-reference", "--device", "cpu", "--mode", "zero"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [_error_line(done.stderr)], done.stderr
+    assert re.match(r"elmokit: error: embed process [01] failed: ", _error_line(done.stderr))
+    assert _error_line(done.stderr).endswith(
+        f"line 21 is not valid UTF-8 (invalid start byte); {tmp_path / 'out.hdf5'} was not written"
+    )
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".") or p.suffix == ".hdf5"]
 
 
 def test_corpora_and_vocabularies_drop_a_byte_order_mark(tmp_path):

@@ -193,7 +193,7 @@ def original() -> tuple[BiLM, OnnxBiLM]:
     torch.manual_seed(2)
     bilm = BiLM(preset("original"))
     assert bilm.training
-    bilm.start_state = LstmState(0.3 * torch.randn(2, 2, 512), torch.randn(2, 2, 4096))
+    bilm.set_start_state(LstmState(0.3 * torch.randn(2, 2, 512), torch.randn(2, 2, 4096)))
     runtime = OnnxBiLM(export_onnx(bilm), bilm)  # exported in eval mode (no dropout) ...
     assert bilm.training and bilm.lstm.training  # ... and given back in the mode it had
     return bilm.eval(), runtime
@@ -289,7 +289,7 @@ def test_a_file_of_other_weights_is_refused_in_one_line(tiny, tiny_onnx, tmp_pat
     with pytest.raises(ValueError, match=r"was exported from other weights than the model given"):
         Embedder(other, backend="onnxruntime", onnx_file=tiny_onnx)
     changed = BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5")
-    changed.start_state = LstmState(torch.full((2, 2, 16), 0.5), torch.zeros(2, 2, 64))  # weights alike
+    changed.set_start_state(LstmState(torch.full((2, 2, 16), 0.5), torch.zeros(2, 2, 64)))  # weights alike
     with pytest.raises(ValueError, match=r"exported from other weights"):
         OnnxBiLM(tiny_onnx, changed)
 

@@ -48,9 +48,11 @@ def model_dir(tmp_path_factory, corpus) -> Path:
     bilm = BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5")
     generator = torch.Generator().manual_seed(0)
     lstm = bilm.options.lstm
-    bilm.start_state = LstmState(
-        torch.randn(lstm.n_layers, 2, lstm.projection_dim, generator=generator) * 0.5,
-        torch.randn(lstm.n_layers, 2, lstm.dim, generator=generator),
+    bilm.set_start_state(
+        LstmState(
+            torch.randn(lstm.n_layers, 2, lstm.projection_dim, generator=generator) * 0.5,
+            torch.randn(lstm.n_layers, 2, lstm.dim, generator=generator),
+        )
     )
     bilm.save(folder / "options.json", folder / "weights.hdf5")
     counts = Counter(t for s in corpus for t in s)

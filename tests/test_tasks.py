@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from elmokit import BiLM, Embedder
 from elmokit.cli import main as elmokit_main
 from elmokit.hub import TINY_REFERENCE, model_files
+from elmokit.task_data import from_bioes, tag_scheme
 from elmokit.tasks import (
     ConditionalRandomField,
     LayerCache,
@@ -35,7 +36,6 @@ from elmokit.tasks import (
     spans,
 )
 from elmokit.tasks.cli import main as task_main
-from elmokit.task_data import from_bioes, tag_scheme
 
 CONLL = """-DOCSTART- -X- O O
 

@@ -60,7 +60,10 @@ class BiLM(nn.Module):
     itself and returns a ``BiLMOutput``. Every call starts from the ``state`` it is given (by
     default the model's start state), so the same sentence gets the same vectors in any batch.
     ``start_state`` is the canonical start state read with the weights (h (n_layers, 2,
-    projection_dim), c (n_layers, 2, dim)), or None for zeros.
+    projection_dim), c (n_layers, 2, dim)), or None for zeros; ``set_start_state`` changes it. It
+    is held in two buffers, so it moves with ``.to()`` and lives in ``state_dict``
+    ("start_state_h", "start_state_c", only when there is one); a state dict without them (of a
+    model without a start state, or saved before it was a buffer) leaves the start state as it is.
 
     The model's inputs come from its own ``batch_to_ids`` (sentences) and ``token_ids`` (tokens),
     as its input scheme ``inputs`` says: bilm-tf's byte ids by default, a variant's own
@@ -82,7 +85,10 @@ class BiLM(nn.Module):
             always_project=self.inputs.always_project,
         )
         self.lstm = BiLstm(options.lstm.projection_dim, options.lstm)
-        self.start_state: LstmState | None = None
+        self.start_state_h: torch.Tensor | None
+        self.start_state_c: torch.Tensor | None
+        self.register_buffer("start_state_h", None)
+        self.register_buffer("start_state_c", None)
         self.register_buffer("_boundary_ids", self.token_ids(self.boundary_tokens), persistent=False)
 
     # -- inputs --------------------------------------------------------------------------------
@@ -165,6 +171,58 @@ class BiLM(nn.Module):
         return self.token_encoder.encode_unique(ids.to(self._boundary_ids.device))
 
     # -- states --------------------------------------------------------------------------------
+    @property
+    def start_state(self) -> LstmState | None:
+        """The canonical start state (h (n_layers, 2, projection_dim), c (n_layers, 2, dim)), or
+        None (every call starts from zeros by default)."""
+        if self.start_state_h is None or self.start_state_c is None:
+            return None
+        return LstmState(self.start_state_h, self.start_state_c)
+
+    def set_start_state(self, state: LstmState | None) -> None:
+        """Make ``state`` the start state (None: none), checked against the options; it is
+        copied onto the device of the model's weights (its dtype kept)."""
+        if state is None:
+            self.start_state_h = self.start_state_c = None
+            return
+        lstm = self.options.lstm
+        expected = ((lstm.n_layers, 2, lstm.projection_dim), (lstm.n_layers, 2, lstm.dim))
+        h, c = state
+        if tuple(h.shape) != expected[0] or tuple(c.shape) != expected[1]:
+            raise ValueError(
+                f"a start state of shapes h {tuple(h.shape)}, c {tuple(c.shape)} for a model of "
+                f"h {expected[0]}, c {expected[1]}"
+            )
+        weight = next(self.parameters())
+        self.start_state_h = h.detach().to(weight.device).clone()
+        self.start_state_c = c.detach().to(weight.device).clone()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """A state dict's start state replaces the model's; one without leaves it as it is."""
+        keys = (prefix + "start_state_h", prefix + "start_state_c")
+        present = [key in state_dict for key in keys]
+        if all(present):
+            try:
+                self.set_start_state(LstmState(state_dict[keys[0]], state_dict[keys[1]]))
+            except ValueError as err:
+                error_msgs.append(str(err))
+        elif any(present):
+            error_msgs.append(f"a start state needs both {keys[0]} and {keys[1]}")
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if not any(present):
+            missing_keys[:] = [key for key in missing_keys if key not in keys]
+
     def zero_state(self, batch: int, like: torch.Tensor | None = None) -> LstmState:
         """All-zero states for ``batch`` rows (on ``like``'s device and dtype)."""
         zero = self.lstm.zero_state(batch, self._boundary_ids.device)

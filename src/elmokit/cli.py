@@ -386,15 +386,15 @@ def export_onnx_command(args: argparse.Namespace) -> int:
 
 
 def _embedder(args: argparse.Namespace):
-    from .devices import process_device
-    from .distributed import world_size
+    from .devices import process_device, this_process
     from .embed import Embedder
 
     model = _load_model(args) if (args.options or args.weights) else args.model
+    shared = this_process().distributed
     return Embedder(
         model,
         batch_size=args.batch_size,
-        device=process_device(args.device) if world_size() > 1 else args.device,  # cuda:LOCAL_RANK
+        device=process_device(args.device) if shared else args.device,  # cuda:LOCAL_RANK
         mode=args.mode if args.command == "embed" else None,  # token vectors have no LSTM state
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
         dtype=args.dtype,
@@ -404,15 +404,11 @@ def _embedder(args: argparse.Namespace):
 
 
 def embed_command(args: argparse.Namespace) -> int:
-    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`); under torchrun the
-    processes share the lines (elmokit.distributed)."""
-    from . import distributed
+    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`); with --nproc N or
+    under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
+    from .devices import this_process
 
-    if args.nproc > 1:
-        return distributed.run_command(args)
-    embedder = _embedder(args)
-    summary = distributed.embed_file(
-        embedder,
+    summary = _embedder(args).embed_file(
         args.input,
         args.output,
         layers=args.layers,
@@ -421,8 +417,9 @@ def embed_command(args: argparse.Namespace) -> int:
         tokenize=args.tokenize,
         progress=not args.quiet,
         pooling=args.pooling,
+        processes=args.nproc,
     )
-    if not args.quiet and os.environ.get("RANK", "0") == "0":  # said once under torchrun
+    if not args.quiet and this_process().is_main:  # said once under torchrun
         shared = ""
         if summary.processes > 1:
             shared = f", {summary.processes} processes, merge {summary.merge_seconds:.1f} s"
@@ -437,13 +434,12 @@ def embed_command(args: argparse.Namespace) -> int:
 
 def tokens_command(args: argparse.Namespace) -> int:
     """Context-independent token vectors for every line of a vocabulary file (shared by the
-    processes under torchrun)."""
-    from . import distributed
+    processes with --nproc N or under torchrun)."""
+    from .devices import this_process
 
-    if args.nproc > 1:
-        return distributed.run_command(args)
-    n = distributed.embed_tokens_file(_embedder(args), args.vocab, args.output, overwrite=args.overwrite)
-    if os.environ.get("RANK", "0") == "0":
+    embedder = _embedder(args)
+    n = embedder.embed_tokens_file(args.vocab, args.output, overwrite=args.overwrite, processes=args.nproc)
+    if this_process().is_main:
         print(f"{n:,} token vectors -> {args.output} (dataset 'embedding')", file=sys.stderr)
     return 0
 
@@ -472,7 +468,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _nproc_argument(p: argparse.ArgumentParser) -> None:
-    """--nproc of the commands that elmokit.distributed shares between processes."""
+    """--nproc of the commands whose work the Embedder shares between processes."""
     p.add_argument(
         "--nproc",
         type=_ranged(int, low=1),

@@ -8,41 +8,45 @@ next batch as bilm-tf and AllenNLP do (file order is kept, since order defines t
 from __future__ import annotations
 
 import copy
-import json
-import math
+import functools
 import os
-import shutil
-import sys
-import tempfile
 import time
 import warnings
-from array import array as typed_array
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
-import h5py
 import numpy as np
 import torch
 
+from . import _multiprocess_embed as engine
 from . import kernels
-from .atomic import atomic_path, check_output, raise_if_signalled
+from .atomic import check_output
 from .bilm import BiLM, CarriedState
 from .characters import check_token_lists
-from .devices import resolve_device
+from .devices import resolve_device, this_process
 from .lstm import LstmState
-from .textfiles import count_lines, read_lines
+from .textfiles import count_lines, line_splitter, read_lines
 from .token_cache import EncodingCache
+from .vectors_file import (
+    TOKEN_BLOCK,
+    check_layers,
+    check_pooling,
+    output_array,
+    pool,
+    read_vocabulary,
+    row_shape,
+    write_token_vectors,
+    write_vectors,
+)
+
+__all__ = ["DTYPES", "MODES", "EmbedSummary", "Embedder", "TokenCache", "evaluating"]
 
 MODES = ("warm", "zero", "stateful")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-LAYERS = ("all", "top", "average")
-POOLINGS = ("mean", "max")
-POOLED_DATASET = "embedding"  # embed_file with pooling: one row per line
-TOKEN_BLOCK = 4096  # embed_tokens_file encodes this many tokens at a time
 
 
 class TokenCache:
@@ -89,134 +93,12 @@ class TokenCache:
         return [rows[t] for t in tokens]
 
 
-class SentenceIndex:
-    """The "sentence_to_index" JSON of ``allennlp elmo``, ``json.dumps({sentence: str(line)})``,
-    built with little memory: the sentences go to a temporary file as they come, and only their
-    hashes (8 bytes a sentence) stay in memory; the JSON itself is written to a second temporary
-    file. A repeated sentence keeps its first position and takes its last line number, as a dict
-    does; lines of equal hashes are compared by their text, so the result is exactly the dict's
-    JSON (ASCII, since ``json.dumps`` escapes every non-ASCII character).
-
-    ``add`` the sentences in line order, then ``json_file()`` gives the JSON's file and size.
-    The temporary files have no name (removed by the system even if the process is killed)."""
-
-    def __init__(self, folder: str | os.PathLike | None = None) -> None:
-        self._folder = folder
-        self._keys = tempfile.TemporaryFile(dir=folder)  # one JSON string per line
-        self._json: BinaryIO | None = None
-        self._hashes = typed_array("q")
-
-    def __enter__(self) -> SentenceIndex:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._keys.close()
-        if self._json is not None:
-            self._json.close()
-
-    def __len__(self) -> int:
-        return len(self._hashes)
-
-    def add(self, sentence: str) -> None:
-        self._hashes.append(hash(sentence))
-        self._keys.write(json.dumps(sentence).encode("ascii") + b"\n")
-
-    def _repeats(self) -> tuple[set[int], dict[int, int]]:
-        """The lines whose sentence came before (left out of the JSON), and for each first
-        line of a repeated sentence the last line it was on."""
-        hashes = np.frombuffer(self._hashes, dtype=np.int64)
-        ordered = np.sort(hashes)
-        shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # hashes of 2 or more lines
-        del ordered
-        candidates = set(np.flatnonzero(np.isin(hashes, shared)).tolist())
-        lines: dict[bytes, list[int]] = {}
-        if candidates:
-            self._keys.seek(0)
-            for i, key in enumerate(self._keys):
-                if i in candidates:
-                    lines.setdefault(key, []).append(i)
-        later = {i for same in lines.values() for i in same[1:]}
-        last = {same[0]: same[-1] for same in lines.values() if len(same) > 1}
-        return later, last
-
-    def json_file(self) -> tuple[BinaryIO, int]:
-        """A temporary file holding the JSON (read from its start), and its size in bytes."""
-        self._keys.flush()
-        later, last = self._repeats()
-        if self._json is not None:
-            self._json.close()
-        out = self._json = tempfile.TemporaryFile(dir=self._folder)
-        out.write(b"{")
-        separator = b""
-        self._keys.seek(0)
-        for i, key in enumerate(self._keys):
-            if i not in later:
-                out.write(b'%s%s: "%d"' % (separator, key[:-1], last.get(i, i)))
-                separator = b", "
-        out.write(b"}")
-        size = out.tell()
-        out.seek(0)
-        return out, size
-
-    def to_json(self) -> bytes:
-        """The JSON's bytes, all in memory (for small indexes; files use ``json_file``)."""
-        return self.json_file()[0].read()
-
-
-def _reserve_string(out: h5py.File, name: str, size: int) -> int:
-    """Create dataset ``name`` of shape (1,) holding one fixed-length UTF-8 string of ``size``
-    bytes, its storage allocated now in the file (contiguous, never filled); returns the
-    storage's byte offset in the file, where the string's bytes are to be written."""
-    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    dcpl.set_layout(h5py.h5d.CONTIGUOUS)
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-    dataset = out.create_dataset(name, shape=(1,), dtype=h5py.string_dtype("utf-8", size), dcpl=dcpl)
-    offset = dataset.id.get_offset()
-    if offset is None:
-        raise RuntimeError(f"HDF5 did not allocate the storage of dataset {name!r}")
-    return offset
-
-
-def _limit_hdf5_free_lists() -> None:
-    """Make HDF5 hand the blocks it frees back to malloc (``H5set_free_list_limits`` of 0)
-    instead of keeping them on its own free lists. Kept blocks of the many sizes an embedding
-    run writes pinned the heap between torch's per-batch buffers: the peak RSS of ``embed``
-    grew by about 250 bytes per line. h5py does not wrap the call, so it is made through
-    ctypes on the HDF5 library h5py loaded, found in the process's memory map (Linux; elsewhere,
-    or if the library is not found, nothing changes). Process-wide and harmless to repeat."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if "/libhdf5" in line and "libhdf5_hl" not in line}
-    except OSError:
-        return
-    for path in paths:
-        try:
-            function = ctypes.CDLL(path).H5set_free_list_limits
-        except (OSError, AttributeError):
-            continue
-        function.argtypes, function.restype = [ctypes.c_int] * 6, ctypes.c_int
-        function(0, 0, 0, 0, 0, 0)
-
-
-def _copy_into(path: str | os.PathLike, offset: int, source: BinaryIO) -> None:
-    """Write the rest of ``source`` into the file at ``path`` from byte ``offset`` on, in blocks."""
-    with open(path, "r+b") as target:
-        target.seek(offset)
-        shutil.copyfileobj(source, target, 1 << 20)
-
-
 def _device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
 @contextmanager
-def _evaluating(module: torch.nn.Module) -> Iterator[None]:
+def evaluating(module: torch.nn.Module) -> Iterator[None]:
     """Run ``module`` in eval mode (no dropout) and give it back in the mode it had."""
     was_training = module.training
     module.eval()
@@ -235,7 +117,7 @@ class EmbedSummary:
     empty: int
     seconds: float
     output: str
-    processes: int = 1  # torchrun's processes that shared the work (elmokit.distributed)
+    processes: int = 1  # the processes that shared the work (``processes=N`` or torchrun)
     merge_seconds: float = 0.0  # of them, the seconds process 0 took to merge their parts
 
     @property
@@ -263,6 +145,10 @@ class Embedder:
     model (``onnx_file``, made by ``elmokit export-onnx`` from the same weights, or the model
     exported in memory when None) on the CPU in float32, with the same modes, batching and outputs
     (docs/export.md: within 1e-5 of the torch backend).
+
+    ``embed_file`` and ``embed_tokens_file`` also run in several processes: ``processes=N``
+    starts N workers on this machine (each on its own GPU, cuda:0 to cuda:N-1, when the Embedder
+    runs on CUDA), and under torchrun each of torchrun's processes embeds its share.
     """
 
     def __init__(
@@ -277,6 +163,16 @@ class Embedder:
         backend: str = "torch",
         onnx_file: str | os.PathLike | None = None,
     ) -> None:
+        # what a worker process needs to build the same Embedder (embed_file with processes=N)
+        self._settings: dict[str, Any] = {
+            "batch_size": batch_size,
+            "mode": mode,
+            "max_tokens_per_batch": max_tokens_per_batch,
+            "token_cache_size": token_cache_size,
+            "dtype": dtype,
+            "backend": backend,
+            "onnx_file": onnx_file,
+        }
         asked_warm = mode == "warm"
         int8 = dtype == "int8"  # onnxruntime's int8 graph (backend onnxruntime); the model stays float32
         dtype = torch.float32 if int8 else dtype
@@ -330,8 +226,25 @@ class Embedder:
     # -- batches -------------------------------------------------------------------------------
     @torch.inference_mode()
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """One float32 array (num_layers, n_tokens, dim) per sentence, in the given order."""
+        """One float32 array (num_layers, n_tokens, dim) per sentence, in the given order; an empty
+        sentence gives an empty (num_layers, 0, dim) array, as AllenNLP's ``embed_batch`` does (it
+        takes no batch row: in stateful mode the carried states belong to the other sentences)."""
         _check_sentences(sentences)
+        full = [i for i, sentence in enumerate(sentences) if len(sentence) > 0]
+        if len(full) == len(sentences):
+            return self._embed_full(sentences)
+        arrays = [self._empty() for _ in sentences]
+        if full:
+            for i, array in zip(full, self._embed_full([sentences[i] for i in full])):
+                arrays[i] = array
+        return arrays
+
+    def _empty(self) -> np.ndarray:
+        """The array of a sentence without tokens: float32 (num_layers, 0, dim)."""
+        return np.zeros((self.bilm.num_layers, 0, self.dim), dtype=np.float32)
+
+    def _embed_full(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """``embed_batch`` of sentences that all have tokens."""
         if self.onnx is not None:  # the start state (warm) is the one held in the file
             ids = self.bilm.batch_to_ids(sentences)
             zeros = torch.zeros(0)
@@ -351,9 +264,11 @@ class Embedder:
         for row, seq in enumerate(sequences):
             tokens[row, : len(seq)] = torch.stack(vectors[offset : offset + len(seq)])
             offset += len(seq)
-        with _evaluating(self.bilm):
+        with evaluating(self.bilm):
             out = self.bilm.contextualize(tokens, lengths, self._initial_state(len(sentences), tokens))
         if self.carried is not None:
+            if out.state is None:
+                raise RuntimeError("the model gave no final LSTM state to carry (stateful mode)")
             self.carried.update(out.state)
         return self._to_host(out.layers, [len(s) for s in sentences])
 
@@ -413,7 +328,7 @@ class Embedder:
         never counts); a sentence without tokens gives NaN (there is nothing to pool).
         """
         if pooling is not None:
-            _check_pooling(pooling)
+            check_pooling(pooling)
         chunk_size = self.chunk_size
         chunk: list[Sequence[str]] = []
         for sentence in sentences:
@@ -426,10 +341,10 @@ class Embedder:
 
     @staticmethod
     def _pooled(arrays: Iterator[np.ndarray], pooling: str | None) -> Iterator[np.ndarray]:
-        return arrays if pooling is None else (_pool(array, pooling) for array in arrays)
+        return arrays if pooling is None else (pool(array, pooling) for array in arrays)
 
     def _embed_chunk(self, chunk: list[Sequence[str]]) -> Iterator[np.ndarray]:
-        empty = np.zeros((self.bilm.num_layers, 0, self.dim), dtype=np.float32)
+        empty = self._empty()
         order = [i for i, s in enumerate(chunk) if len(s) > 0]
         if self.mode != "stateful":
             order.sort(key=lambda i: len(chunk[i]))
@@ -469,15 +384,24 @@ class Embedder:
         tokenize: bool = False,
         progress: bool = True,
         pooling: str | None = None,
+        processes: int = 1,
     ) -> EmbedSummary:
         """Embed a file of sentences (one per line, ``-`` = stdin) into HDF5 laid out like
-        ``allennlp elmo``: dataset "i" for line i, (3, n_tokens, dim) for ``all`` or
-        (n_tokens, dim) for ``top``/``average``, and "sentence_to_index" (JSON) unless disabled.
+        ``allennlp elmo`` (``elmokit.vectors_file``): dataset "i" for line i, (3, n_tokens, dim)
+        for ``all`` or (n_tokens, dim) for ``top``/``average``, and "sentence_to_index" (JSON)
+        unless disabled; an empty line gets an empty dataset.
 
         ``pooling`` "mean" or "max": one vector per line instead, the mean or elementwise max
         over its tokens of what ``layers`` gives, stored as row i of one dataset "embedding",
         (n_lines, 3, dim) for ``all`` or (n_lines, dim) for ``top``/``average`` (an empty line's
         row is NaN); "sentence_to_index" maps each sentence to its row.
+
+        ``processes`` N > 1 shares the lines between N new processes on this machine; under
+        torchrun every process calls this with the same arguments and embeds its share (leave
+        ``processes`` at 1 there). Either way the file equals one process's (bit for bit with the
+        kernel ``token_cache`` off; to float rounding with it on, as a token's vector comes from
+        the batch where its process first met it); stateful mode and an input that can be read
+        only once (stdin, a pipe) are refused (ValueError). The summary is the whole run's.
 
         The output is written to a temporary file beside it and renamed when complete; on an
         error or an interruption nothing is left. Memory does not grow with the file beyond
@@ -486,11 +410,26 @@ class Embedder:
         into the output in blocks, as one fixed-length UTF-8 string (read it with
         ``json.loads(f["sentence_to_index"][0])``, as allennlp's files).
         """
-        _check_layers(layers, pooling)
+        check_layers(layers, pooling)
+        arguments = {
+            "input_path": input_path,
+            "output_path": output_path,
+            "layers": layers,
+            "overwrite": overwrite,
+            "sentence_index": sentence_index,
+            "tokenize": tokenize,
+            "progress": progress,
+            "pooling": pooling,
+        }
+        if self._shared(processes):
+            if processes > 1:  # what every process would refuse, refused once
+                engine.check_splittable(self.mode, input_path)
+                check_output(output_path, overwrite, [input_path])
+            return EmbedSummary(**self._run_shared("embed", processes, arguments, output_path))
         output = check_output(output_path, overwrite, [input_path])
         total = count_lines(input_path)
         lines = read_lines(input_path)
-        split = _tokenizer(tokenize)
+        split = line_splitter(tokenize)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
         texts: deque[str] = deque()  # lines read but not yet written, in order
@@ -500,9 +439,9 @@ class Embedder:
                 texts.append(text)
                 yield split(text)
 
-        def rows(bar) -> Iterator[tuple[str, np.ndarray]]:
+        def rows(bar: Any) -> Iterator[tuple[str, np.ndarray]]:
             for array in self.embed_sentences(token_lists()):
-                yield texts.popleft(), _output_array(array, layers, pooling)
+                yield texts.popleft(), output_array(array, layers, pooling)
                 n = array.shape[1]
                 stats["sentences"] += 1
                 stats["tokens"] += n
@@ -510,33 +449,71 @@ class Embedder:
                 bar.update(1)
                 bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
 
-        with _progress(progress, total) as bar:
-            _write_vectors(output, overwrite, rows(bar), self._row_shape(layers, pooling), sentence_index)
+        with engine.progress_bar(progress, total) as bar:
+            shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
+            write_vectors(output, overwrite, rows(bar), shape, sentence_index)
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
 
-    def _row_shape(self, layers: str, pooling: str | None) -> tuple[int, ...] | None:
-        """The shape of a line's vector with ``pooling``; None without (one dataset per line)."""
-        if pooling is None:
-            return None
-        return (self.bilm.num_layers, self.dim) if layers == "all" else (self.dim,)
-
     def embed_tokens_file(
-        self, vocab_path: str | os.PathLike, output_path: str | os.PathLike, overwrite: bool = False
+        self,
+        vocab_path: str | os.PathLike,
+        output_path: str | os.PathLike,
+        overwrite: bool = False,
+        processes: int = 1,
     ) -> int:
         """Context-independent vectors of every line of a vocabulary file: HDF5 dataset
-        "embedding" (n_lines, projection_dim), as bilm-tf's dump_token_embeddings."""
+        "embedding" (n_lines, projection_dim), as bilm-tf's dump_token_embeddings. Returns the
+        number of tokens. ``processes``: as ``embed_file``'s (blocks of ``TOKEN_BLOCK`` tokens
+        go to the processes in turn; the file equals one process's bit for bit)."""
+        arguments = {"vocab_path": vocab_path, "output_path": output_path, "overwrite": overwrite}
+        if self._shared(processes):
+            if processes > 1:
+                check_output(output_path, overwrite, [vocab_path])
+                read_vocabulary(vocab_path)
+            return int(self._run_shared("tokens", processes, arguments, output_path)["tokens"])
         output = check_output(output_path, overwrite, [vocab_path])
-        tokens = _vocabulary_tokens(vocab_path)
+        tokens = read_vocabulary(vocab_path)
         blocks = (
             self.encode_token_block(tokens[i : i + TOKEN_BLOCK]) for i in range(0, len(tokens), TOKEN_BLOCK)
         )
-        _write_token_vectors(output, overwrite, blocks, (len(tokens), self.bilm.token_encoder.output_dim))
+        write_token_vectors(output, overwrite, blocks, (len(tokens), self.bilm.token_encoder.output_dim))
         return len(tokens)
+
+    @staticmethod
+    def _shared(processes: int) -> bool:
+        """Whether a file job is shared between processes (``processes`` > 1 or torchrun)."""
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+            raise ValueError(f"processes must be a whole number of at least 1, got {processes!r}")
+        if this_process().distributed:
+            if processes > 1:
+                raise ValueError(
+                    "under torchrun, leave out --nproc (processes): torchrun starts the processes"
+                )
+            return True
+        return processes > 1
+
+    def _run_shared(
+        self, kind: str, processes: int, arguments: dict[str, Any], output_path: str | os.PathLike
+    ) -> dict[str, Any]:
+        """A file job shared by ``processes`` new workers, or by torchrun's processes (1)."""
+        if processes == 1:
+            return engine.share(kind, self, arguments)
+        make = functools.partial(_embedder_like, self.bilm, self._settings)
+        what = (kind, os.fspath(output_path))
+        return engine.run(kind, processes, make, _device(self.bilm), arguments, what)
 
     @torch.inference_mode()
     def encode_token_block(self, tokens: list[str]) -> np.ndarray:
         """float32 (n_tokens, projection_dim): one block of ``embed_tokens_file``."""
         return self.bilm.encode_tokens(tokens).float().cpu().numpy()
+
+
+def _embedder_like(bilm: BiLM, settings: dict[str, Any], device: torch.device) -> Embedder:
+    """An Embedder of ``bilm`` with ``settings`` on ``device``: a worker's (embed_file with
+    processes=N)."""
+    with warnings.catch_warnings():  # said once, by the Embedder that started the workers
+        warnings.simplefilter("ignore", UserWarning)
+        return Embedder(bilm, device=device, **settings)
 
 
 def _onnx_backend(
@@ -556,102 +533,10 @@ def _onnx_backend(
     data = export_onnx(bilm, int8=int8) if onnx_file is None else onnx_file
     runner = OnnxBiLM(data, bilm)
     if runner.dtype != ("int8" if int8 else "float32"):
-        if not int8:
+        if not int8 or onnx_file is None:
             raise ValueError(f"{onnx_file} is an {runner.dtype} export: pass dtype='int8' to run it")
         runner = OnnxBiLM(quantize_int8(Path(onnx_file).read_bytes()), bilm)
     return runner
-
-
-def _vocabulary_tokens(vocab_path: str | os.PathLike) -> list[str]:
-    """The stripped lines of a vocabulary file; an empty line or file is a ValueError."""
-    count_lines(vocab_path)  # a missing input or a folder is named
-    tokens = [line.strip() for line in read_lines(vocab_path)]
-    for number, token in enumerate(tokens, start=1):
-        if not token:
-            raise ValueError(f"{vocab_path}: line {number} is empty")
-    if not tokens:
-        raise ValueError(f"{vocab_path} holds no tokens")
-    return tokens
-
-
-def _write_token_vectors(
-    output: Path, overwrite: bool, blocks: Iterable[np.ndarray], shape: tuple[int, int]
-) -> None:
-    """Write ``embed_tokens_file``'s HDF5 file atomically: the blocks of rows, in order, as the
-    dataset "embedding" of ``shape`` (n_tokens, dim)."""
-    with atomic_path(output, overwrite) as tmp, h5py.File(tmp, "w") as out:
-        dataset = out.create_dataset("embedding", shape=shape, dtype=np.float32)
-        first = 0
-        for block in blocks:
-            raise_if_signalled()
-            dataset[first : first + len(block)] = block
-            first += len(block)
-        if first != shape[0]:
-            raise RuntimeError(f"{first} token vectors were computed for {shape[0]} tokens")
-
-
-def _write_vectors(
-    output: Path,
-    overwrite: bool,
-    rows: Iterable[tuple[str, np.ndarray]],
-    row_shape: tuple[int, ...] | None,
-    sentence_index: bool,
-) -> None:
-    """Write ``embed_file``'s HDF5 file atomically from its lines' (text, array) in line order:
-    dataset "i" for line i, or with a ``row_shape`` (pooled vectors) row i of the dataset
-    "embedding" (n_lines, *row_shape); the stripped texts in "sentence_to_index" unless
-    disabled (a fixed-length UTF-8 string, its JSON built in a temporary file and copied in)."""
-    _limit_hdf5_free_lists()
-    with atomic_path(output, overwrite) as tmp_name, SentenceIndex(output.parent) as index:
-        # HDF5 1.8's group format: its link index stays flat in memory (the 1.6 format kept
-        # every name of the group in one cached heap: +75 MB at 600,000 datasets)
-        with h5py.File(tmp_name, "w", libver=("v108", "v108")) as out:
-            matrix = None if row_shape is None else _Rows(out, POOLED_DATASET, row_shape)
-            for i, (text, array) in enumerate(rows):
-                raise_if_signalled()  # a signal whose exception Python dropped stops the write too
-                if matrix is None:
-                    out.create_dataset(str(i), data=array)
-                else:
-                    matrix.append(array)
-                if sentence_index:
-                    index.add(text.strip())
-            if matrix is not None:
-                matrix.flush()
-            if sentence_index:
-                json_file, size = index.json_file()
-                offset = _reserve_string(out, "sentence_to_index", size)
-        if sentence_index:  # the HDF5 file is closed: its layout is final
-            _copy_into(tmp_name, offset, json_file)
-
-
-class _Rows:
-    """A float32 dataset (n, *row_shape) of an open HDF5 file that grows by rows as they come,
-    written in blocks of about 1 MB (its chunks)."""
-
-    def __init__(self, out: h5py.File, name: str, row_shape: tuple[int, ...]) -> None:
-        self.block = max(1, (1 << 20) // (4 * math.prod(row_shape)))
-        self.dataset = out.create_dataset(
-            name,
-            shape=(0, *row_shape),
-            maxshape=(None, *row_shape),
-            chunks=(self.block, *row_shape),
-            dtype="<f4",
-        )
-        self.pending: list[np.ndarray] = []
-
-    def append(self, row: np.ndarray) -> None:
-        if row.shape != self.dataset.shape[1:]:
-            raise ValueError(f"a row of shape {row.shape} for dataset rows of {self.dataset.shape[1:]}")
-        self.pending.append(row)
-        if len(self.pending) == self.block:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.pending:
-            first = len(self.dataset)
-            self.dataset.resize(first + len(self.pending), axis=0)
-            self.dataset[first:] = np.stack(self.pending)
-            self.pending = []
 
 
 def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:
@@ -659,59 +544,6 @@ def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:
     if len(sentences) == 0:
         raise ValueError("empty sentence list: give at least one sentence")
     for i, sentence in enumerate(sentences):
-        if len(sentence) == 0:
-            raise ValueError(f"sentence {i} is empty")
         for token in sentence:
             if token == "":
                 raise ValueError(f"sentence {i} has an empty token")
-
-
-def _check_layers(layers: str, pooling: str | None) -> None:
-    if layers not in LAYERS:
-        raise ValueError(f"layers must be one of {', '.join(LAYERS)}, got {layers!r}")
-    if pooling is not None:
-        _check_pooling(pooling)
-
-
-def _check_pooling(pooling: str) -> None:
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)} (or None), got {pooling!r}")
-
-
-def _pool(array: np.ndarray, pooling: str) -> np.ndarray:
-    """The mean or elementwise max over the tokens (axis -2) of (..., n_tokens, dim): (..., dim)
-    float32 (the mean summed in float64); NaN when there are no tokens (nothing to pool)."""
-    if array.shape[-2] == 0:
-        return np.full(array.shape[:-2] + array.shape[-1:], np.nan, dtype=np.float32)
-    if pooling == "mean":
-        return array.mean(axis=-2, dtype=np.float64).astype(np.float32)
-    return array.max(axis=-2)
-
-
-def _output_array(array: np.ndarray, layers: str, pooling: str | None) -> np.ndarray:
-    """What embed_file stores for a line: the chosen layers of its (num_layers, n_tokens, dim)
-    array, pooled over the tokens when ``pooling`` is given."""
-    selected = _select_layers(array, layers)
-    return selected if pooling is None else _pool(selected, pooling)
-
-
-def _select_layers(array: np.ndarray, layers: str) -> np.ndarray:
-    if layers == "top":
-        return array[-1]
-    if layers == "average":
-        return array.mean(axis=0)
-    return array
-
-
-def _tokenizer(tokenize: bool):
-    if not tokenize:
-        return str.split
-    from .tokenize import tokenize_line
-
-    return tokenize_line
-
-
-def _progress(enabled: bool, total: int | None, desc: str | None = None):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="sent", disable=not enabled, dynamic_ncols=True, file=sys.stderr)

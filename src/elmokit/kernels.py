@@ -15,6 +15,9 @@ The kernels, by name (``enabled(name)``):
   call (``lstm_layer_inplace``); plain form: ``BiLstmLayer._step`` out of place, step by step.
 - ``pinned_copy``: the Embedder's vectors copied from a GPU through a page-locked buffer
   (``Embedder._to_host``); plain form: ``.cpu()``.
+- ``hdf5_free_lists``: libhdf5 hands the blocks it frees back to malloc while vector files are
+  written (``elmokit._hdf5_tuning``), so a long ``embed`` keeps a flat peak memory; plain form:
+  HDF5's own free lists. Changes no number, only memory.
 
 Each gives the values and gradients of its plain form up to float rounding
 (tests/test_fast_paths.py, tests/test_training_kernels.py; on a GPU tests/test_cuda.py), and
@@ -40,7 +43,14 @@ from torch import nn
 
 __all__ = ["NAMES", "disabled", "enabled", "needs_autograd", "parse", "set_enabled"]
 
-NAMES = ("char_cnn_matmul", "sampled_softmax", "token_cache", "lstm_inplace", "pinned_copy")
+NAMES = (
+    "char_cnn_matmul",
+    "sampled_softmax",
+    "token_cache",
+    "lstm_inplace",
+    "pinned_copy",
+    "hdf5_free_lists",
+)
 ENVIRONMENT_VARIABLE = "ELMOKIT_KERNELS"
 
 

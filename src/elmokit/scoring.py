@@ -59,9 +59,9 @@ import torch.nn.functional as F
 from .atomic import atomic_path, check_output, is_stream
 from .characters import batch_to_ids, check_token_lists
 from .data import SPECIAL_TOKENS, Vocabulary
-from .embed import _evaluating, _tokenizer
+from .embed import evaluating
 from .language_model import NO_SOFTMAX, LanguageModel
-from .textfiles import count_lines, read_lines
+from .textfiles import count_lines, line_splitter, read_lines
 
 __all__ = [
     "FORMATS",
@@ -187,7 +187,7 @@ def _score_batch(
     model: LanguageModel, vocab: Vocabulary, sentences: Sequence[Sequence[str]], mode: str
 ) -> list[SentenceScore]:
     """Scores of a batch of non-empty sentences, in the given order."""
-    with _evaluating(model), torch.inference_mode():
+    with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, sentences, mode)
         steps, dim = forward.shape[1], forward.shape[2]
         # Rows of the flattened (batch * steps) top layer and their targets; positions count
@@ -405,7 +405,7 @@ def _score_to(
 ) -> ScoreSummary:
     from tqdm import tqdm
 
-    split = _tokenizer(tokenize)
+    split = line_splitter(tokenize)
     pending: deque[tuple[int, str]] = deque()  # (line number, text) of sentences read, not yet written
     summary = ScoreSummary(0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
     start = time.perf_counter()
@@ -468,7 +468,7 @@ def word_distributions(
     </S>), and both = log P_fwd + log P_bwd renormalised (a product of experts)."""
     _check_model(model, vocab, mode)
     _check_position(tokens, position)
-    with _evaluating(model), torch.inference_mode():
+    with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, [tokens], mode)
         # with <S> at 0 the word is at position + 1: the forward LM predicts it from the step
         # before, the backward LM from the step after

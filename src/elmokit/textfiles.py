@@ -12,7 +12,7 @@ import io
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -71,3 +71,14 @@ def count_lines(path: str | os.PathLike) -> int | None:
                 count -= 1
             last = block[-1:]
     return count + (last not in (b"", b"\n", b"\r"))
+
+
+def line_splitter(tokenize: bool) -> Callable[[str], list[str]]:
+    """How a line of input becomes tokens: a split on whitespace, or with ``tokenize`` the
+    tokenizer of the training corpus (``elmokit.tokenize``, the ``corpus`` extra: imported only
+    then, so that whitespace input needs no extra)."""
+    if not tokenize:
+        return str.split
+    from .tokenize import tokenize_line
+
+    return tokenize_line

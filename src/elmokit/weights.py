@@ -301,7 +301,7 @@ def load_weights(bilm: nn.Module, weight_file: str | Path) -> None:
     path = Path(weight_file)
     with open_hdf5(path) as handle:
         _read(handle, path, bilm, _bilm_table(bilm.options), "the options")
-        bilm.start_state = _read_start_state(bilm.options, handle, path)
+        bilm.set_start_state(_read_start_state(bilm.options, handle, path))
 
 
 def save_weights(bilm: nn.Module, weight_file: str | Path) -> None:

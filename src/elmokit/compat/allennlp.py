@@ -26,7 +26,6 @@ output file is written atomically, and errors are one line.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -34,12 +33,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import IO, Any, cast
 
-import h5py
 import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import atomic_path, check_output
+from ..atomic import check_output
 from ..bilm import BiLM, BiLMOutput, CarriedState
 from ..characters import (
     BEGIN_OF_SENTENCE_CHAR,
@@ -51,10 +49,11 @@ from ..characters import (
     PADDING_CHAR,
     token_to_ids,
 )
-from ..embed import _evaluating
+from ..embed import evaluating
 from ..lstm import LstmState
 from ..scalar_mix import mix_layers
 from ..textfiles import count_lines, read_lines
+from ..vectors_file import output_array, write_vectors
 from ..weights import _bilm_table, lstm_cell_prefix
 from .files import resolve_model_file
 
@@ -588,7 +587,7 @@ class _ElmoBiLm(nn.Module):
             initial = lstm.carried.initial(bilm, batch, like)
         else:  # AllenNLP's stateless encoder: zeros, and the carried states left untouched
             initial = bilm.zero_state(batch, like)
-        with _evaluating(bilm):
+        with evaluating(bilm):
             cached = self._cached_tokens(word_inputs)
             if cached is not None:
                 tokens, lengths = cached
@@ -866,33 +865,34 @@ class ElmoEmbedder:
         split = (sentence.split() for sentence in sentences)
         from tqdm import tqdm
 
-        sentence_to_index: dict[str, str] = {}
-        with atomic_path(output, overwrite=True) as tmp, h5py.File(tmp, "w") as fout:
+        seen: set[str] = set()
+
+        def rows() -> Iterator[tuple[str, np.ndarray]]:
             embedded = self.embed_sentences(split, batch_size)
             for i, embeddings in enumerate(
                 tqdm(embedded, total=len(sentences), file=sys.stderr, disable=None)
             ):
-                key = sentences[i] if use_sentence_keys else str(i)
-                if use_sentence_keys and key in fout.keys():
-                    raise ConfigurationError(
-                        f"Key already exists in {output}. To encode duplicate sentences, do not pass "
-                        "the --use-sentence-keys flag."
-                    )
-                if not forget_sentences and not use_sentence_keys:
-                    sentence_to_index[sentences[i]] = key
-                if output_format == "all":
-                    array = embeddings
-                elif output_format == "top":
-                    array = embeddings[-1]
-                else:
-                    array = np.average(embeddings, axis=0)
-                try:
-                    fout.create_dataset(key, array.shape, dtype="float32", data=array)
-                except (ValueError, KeyError) as err:
-                    raise ConfigurationError(f"line {i}: cannot use {key!r} as an HDF5 key ({err})") from None
-            if not forget_sentences and not use_sentence_keys:
-                index = fout.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-                index[0] = json.dumps(sentence_to_index)
+                if use_sentence_keys:
+                    if sentences[i] in seen:
+                        raise ConfigurationError(
+                            f"Key already exists in {output}. To encode duplicate sentences, do not pass "
+                            "the --use-sentence-keys flag."
+                        )
+                    seen.add(sentences[i])
+                yield sentences[i], output_array(embeddings, output_format, None)
+
+        def key(i: int, sentence: str) -> str:
+            return sentence if use_sentence_keys else str(i)
+
+        index = not forget_sentences and not use_sentence_keys
+        try:
+            write_vectors(output, True, rows(), None, index, flavour="allennlp", key=key)
+        except ConfigurationError:
+            raise
+        except ValueError as err:  # a key HDF5 refuses
+            if not str(err).startswith("line "):
+                raise
+            raise ConfigurationError(str(err)) from None
 
 
 def _input_names(input_file: IO[str] | str | os.PathLike) -> list[str]:

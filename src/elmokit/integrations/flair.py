@@ -32,7 +32,8 @@ except ImportError as err:  # pragma: no cover - the module is only usable with 
     raise ImportError("elmokit.integrations.flair needs flair: pip install 'elmokit[flair]'") from err
 
 from ..bilm import BiLM, CarriedState
-from ..compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, _evaluating, batch_to_ids
+from ..compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, batch_to_ids
+from ..embed import evaluating
 from ..hub import resolve_model
 from ..lstm import LstmState
 
@@ -158,7 +159,7 @@ class ELMoEmbeddings(TokenEmbeddings):
             state: Any = self.carried.initial(bilm, len(words), weight)
         else:
             state = "zero" if self.mode == "zero" else None
-        with torch.no_grad(), _evaluating(bilm):
+        with torch.no_grad(), evaluating(bilm):
             out = bilm(char_ids, state)
         if self.mode == "stateful":
             self.carried.update(out.state)
@@ -191,5 +192,5 @@ class ELMoEmbeddings(TokenEmbeddings):
         restores its weights)."""
         bilm = BiLM(params["options"]).requires_grad_(False)
         if params.get("start_state") is not None:
-            bilm.start_state = LstmState(*params["start_state"])
+            bilm.set_start_state(LstmState(*params["start_state"]))
         return cls(params["model"], embedding_mode=params["embedding_mode"], mode=params["mode"], bilm=bilm)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..embed import _output_array, _select_layers
+from ..vectors_file import output_array, select_layers
 from .batcher import Batcher, Metrics
 from .config import API_KEY_ENV, CONFIG_ENV, ServeConfig, ServedModel, load_models
 from .limits import (
@@ -186,7 +186,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
                     {
                         "object": "embedding",
                         "index": i,
-                        "embedding": encode(_output_array(a, layers, "mean"), encoding),
+                        "embedding": encode(output_array(a, layers, "mean"), encoding),
                     }
                     for i, a in enumerate(arrays)
                 ],
@@ -215,7 +215,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             arrays = await batcher.embed(sentences, request)
             results = []
             for tokens, array in zip(sentences, arrays):
-                selected = _select_layers(array, layers)
+                selected = select_layers(array, layers)
                 results.append(
                     {
                         "tokens": tokens,

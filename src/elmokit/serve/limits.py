@@ -12,7 +12,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ..embed import _tokenizer
+from ..textfiles import line_splitter
 from .config import Limits
 
 __all__ = [
@@ -145,7 +145,7 @@ class Inputs:
     strings) into checked token lists within the limits."""
 
     def __init__(self, limits: Limits, tokenize: bool) -> None:
-        self.limits, self.split = limits, _tokenizer(tokenize)
+        self.limits, self.split = limits, line_splitter(tokenize)
 
     def sentence(self, value: Any, where: str) -> list[str]:
         if isinstance(value, str):

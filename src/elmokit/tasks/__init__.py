@@ -7,9 +7,6 @@ biLM (the default) its layers are computed once per data set (``LayerCache``) an
 mix and the task model are trained.
 """
 
-from .cache import CachedLayers, LayerCache
-from .crf import ConditionalRandomField, bioes_constraints
-from .models import Batch, Classifier, ModelConfig, Tagger
 from ..task_data import (
     LabeledSentence,
     TaggedSentence,
@@ -20,6 +17,9 @@ from ..task_data import (
     read_sst,
     spans,
 )
+from .cache import CachedLayers, LayerCache
+from .crf import ConditionalRandomField, bioes_constraints
+from .models import Batch, Classifier, ModelConfig, Tagger
 from .train import TASKS, TaskConfig, TrainedTask, cache_layers, entity_scores, run_task
 
 __all__ = [

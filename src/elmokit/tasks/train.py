@@ -32,9 +32,6 @@ from ..bilm import BiLM
 from ..characters import batch_to_ids, token_to_ids
 from ..elmo import Elmo
 from ..hub import DEFAULT_MODEL, TINY_REFERENCE, model_files
-from .cache import CachedLayers, LayerCache, file_sha256
-from .crf import bioes_constraints
-from .models import Batch, Classifier, ModelConfig, Tagger
 from ..task_data import (
     from_bioes,
     iob1_to_bioes,
@@ -43,6 +40,9 @@ from ..task_data import (
     read_sst,
     tag_scheme,
 )
+from .cache import CachedLayers, LayerCache, file_sha256
+from .crf import bioes_constraints
+from .models import Batch, Classifier, ModelConfig, Tagger
 
 if TYPE_CHECKING:
     from ..embed import Embedder

@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from . import kernels
-from .atomic import check_output, remove_leftovers, scratch_path, terminate_raises
+from .atomic import check_output, handle_signals, remove_leftovers, scratch_path, terminate_raises
 from .bilm import BiLM
 from .devices import Process, process_device, this_process
 from .textfiles import count_lines, line_splitter, read_lines
@@ -462,7 +462,9 @@ def _worker(rank: int, start: _Start) -> None:
     store = dist.TCPStore("127.0.0.1", start.port, is_master=False, timeout=timedelta(minutes=30))
     process = Process(rank=rank, local_rank=rank, world_size=start.processes)
     try:
-        with terminate_raises():  # SIGTERM from the starting process: scratch files are removed
+        # a worker is a process of ours: SIGTERM from the starting process raises, so its
+        # scratch files are removed
+        with handle_signals(), terminate_raises():
             kernels.set_enabled(False)
             if start.kernels_on:
                 kernels.set_enabled(True, *start.kernels_on)

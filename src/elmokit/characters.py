@@ -13,6 +13,24 @@ import torch
 
 from .token_cache import LruCache
 
+__all__ = [
+    "BEGIN_OF_SENTENCE_CHAR",
+    "BEGIN_OF_WORD_CHAR",
+    "BOS_TOKEN",
+    "END_OF_SENTENCE_CHAR",
+    "END_OF_WORD_CHAR",
+    "EOS_TOKEN",
+    "EXPECTED_SENTENCES",
+    "MAX_CHARACTERS_PER_TOKEN",
+    "PADDING_CHAR",
+    "batch_to_ids",
+    "check_token_lists",
+    "lengths_from_ids",
+    "pad_batch",
+    "token_to_ids",
+    "tokens_to_ids",
+]
+
 MAX_CHARACTERS_PER_TOKEN = 50
 BEGIN_OF_SENTENCE_CHAR = 256  # <S>
 END_OF_SENTENCE_CHAR = 257  # </S>

@@ -19,6 +19,8 @@ from .language_model import LanguageModel, batch_tensors
 from .lstm import LstmState
 from .textfiles import read_lines
 
+__all__ = ["PERPLEXITY_PROTOCOL", "Perplexity", "evaluate_perplexity"]
+
 PERPLEXITY_PROTOCOL = (
     "bilm-tf test protocol: full softmax, batch {batch_size} streams, unroll_steps=1 with the LSTM "
     "state carried through the held-out stream (computed {window} steps at a time, which is "

@@ -11,6 +11,17 @@ from typing import Any
 from . import bounds
 from .characters import MAX_CHARACTERS_PER_TOKEN
 
+__all__ = [
+    "ORIGINAL_FILTERS",
+    "PRESETS",
+    "BiLMOptions",
+    "CharCNNOptions",
+    "LstmOptions",
+    "OptionsError",
+    "preset",
+    "read_json",
+]
+
 
 class OptionsError(ValueError):
     """options.json is missing a field or holds a value the model cannot use."""

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+__all__ = ["ScalarMix", "mix_layers"]
+
 
 class ScalarMix(nn.Module):
     """Mix ``num_layers`` tensors of the same shape with softmax-normalised scalar weights.

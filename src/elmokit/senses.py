@@ -22,6 +22,16 @@ import numpy as np
 
 from .embed import Embedder
 
+__all__ = [
+    "BANK_CONTEXTS",
+    "EXAMPLES_DIR",
+    "Context",
+    "LayerRanking",
+    "Neighbour",
+    "nearest_contexts",
+    "read_contexts",
+]
+
 EXAMPLES_DIR = Path(__file__).parent / "examples"
 BANK_CONTEXTS = EXAMPLES_DIR / "bank-contexts.tsv"
 

@@ -26,6 +26,8 @@ from .characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
 from .language_model import LanguageModel
 from .lstm import LstmState
 
+__all__ = ["boundary_states", "estimate_start_state", "sentence_losses"]
+
 
 def _stream_inputs(
     lm: LanguageModel, sentences: Sequence[Sequence[str]], boundary: bool = True

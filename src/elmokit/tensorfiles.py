@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["TensorFileError", "load_tensors"]
+
 
 class TensorFileError(ValueError):
     """A torch file that cannot be read safely: damaged, truncated, or holding code."""

@@ -37,6 +37,18 @@ from .limits import (
     read_json,
 )
 
+__all__ = [
+    "ENCODINGS",
+    "ENDPOINTS",
+    "MAX_K",
+    "OPEN_PATHS",
+    "POOLED_LAYERS",
+    "create_app",
+    "create_app_from_env",
+    "is_loopback",
+    "serve",
+]
+
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health",)  # answered without the API key

@@ -20,6 +20,8 @@ from fastapi import Request
 from .config import ServeConfig, ServedModel
 from .limits import RETRY, ApiError, ClientGone
 
+__all__ = ["Batcher", "Metrics"]
+
 log = logging.getLogger(__name__)
 
 

@@ -314,11 +314,6 @@ def save_weights(bilm: nn.Module, weight_file: str | Path) -> None:
                 handle.create_dataset(name, data=value.detach().to("cpu", torch.float32).numpy())
 
 
-def dataset_names(bilm: nn.Module) -> list[str]:
-    """Names of all datasets the original layout holds for a ``BiLM`` (without the start state)."""
-    return [entry.name for entry in _bilm_table(bilm.options)]
-
-
 def save_options(options: BiLMOptions, path: str | Path, extra: Mapping[str, Any] | None = None) -> None:
     """Write options.json: the options in the original's field names, then ``extra`` fields
     (bilm-tf's training options such as ``n_tokens_vocab``)."""

@@ -122,6 +122,9 @@ def _inputs(folder: Path) -> None:
     (folder / "corpus.txt").write_text(text * 2)  # 60 sentences
     (folder / "heldout.txt").write_text(text * 9)
     (folder / "words.txt").write_text("the\ncat\nsat\nbank\n")  # one token per line
+    conll = "The DT B-NP\ncat NN I-NP\nsat VBD B-VP\n. . O\n\nA DT B-NP\ndog NN I-NP\nran VBD B-VP\n. . O\n\n"
+    (folder / "train.txt").write_text(conll * 3)  # CoNLL-2000's columns: word POS chunk
+    (folder / "test.txt").write_text(conll)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

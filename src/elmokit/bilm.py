@@ -49,7 +49,7 @@ class BiLMOutput:
 
     layers: torch.Tensor
     mask: torch.Tensor
-    state: LstmState | None = None
+    state: LstmState
 
 
 class BiLM(nn.Module):
@@ -89,6 +89,7 @@ class BiLM(nn.Module):
         self.start_state_c: torch.Tensor | None
         self.register_buffer("start_state_h", None)
         self.register_buffer("start_state_c", None)
+        self._boundary_ids: torch.Tensor  # (2, input_width): the ids of <S> and </S>
         self.register_buffer("_boundary_ids", self.token_ids(self.boundary_tokens), persistent=False)
 
     # -- inputs --------------------------------------------------------------------------------
@@ -439,7 +440,7 @@ class StatefulBiLM(BiLM):
         """Forget the carried LSTM states (the next call starts from zeros)."""
         self.carried.reset()
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         char_ids: torch.Tensor,
         state: StateArg = None,
@@ -450,7 +451,7 @@ class StatefulBiLM(BiLM):
             return super().forward(char_ids, state)
         if state is not None:
             return super().forward(char_ids, state, keep_sentence_boundaries, window)
-        initial = self.carried.initial(self, char_ids.shape[0], self.lstm.layers[0].weight_hidden)
+        initial = self.carried.initial(self, char_ids.shape[0], self.lstm.lstm_layers[0].weight_hidden)
         out = super().forward(char_ids, initial, keep_sentence_boundaries, window)
         self.carried.update(out.state)
         return out

@@ -158,6 +158,7 @@ class TokenEncoder(nn.Module):
         self.input_width = len(limits)  # ids per token
         self.n_id_values = max(limits)
         # the ids each input column may hold: 0 .. limit - 1
+        self.id_limits: torch.Tensor  # (input_width,)
         self.register_buffer("id_limits", torch.tensor(limits), persistent=False)
 
     def encode_unique(self, char_ids: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .bilm import BiLM, CarriedState
+from .bilm import BiLM, CarriedState, StatefulBiLM
 from .hub import resolve_model
 from .scalar_mix import ScalarMix
 
@@ -101,7 +101,7 @@ class Elmo(nn.Module):
         """Forget carried states (stateful Elmo, or a StatefulBiLM)."""
         if self.carried is not None:
             self.carried.reset()
-        if self.bilm.stateful:
+        if isinstance(self.bilm, StatefulBiLM):
             self.bilm.reset_states()
 
     def forward(self, char_ids: torch.Tensor) -> ElmoOutput:
@@ -109,9 +109,9 @@ class Elmo(nn.Module):
         batch = char_ids.shape[0]
         state = None
         if self.carried is not None:
-            state = self.carried.initial(self.bilm, batch, self.bilm.lstm.layers[0].weight_hidden)
+            state = self.carried.initial(self.bilm, batch, self.bilm.lstm.lstm_layers[0].weight_hidden)
         elif self.stateful is False and self.bilm.stateful:
-            state = self.bilm.initial_state(batch, self.bilm.lstm.layers[0].weight_hidden)
+            state = self.bilm.initial_state(batch, self.bilm.lstm.lstm_layers[0].weight_hidden)
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
             out = self.bilm(char_ids, state, keep_sentence_boundaries=self.keep_sentence_boundaries)
         if self.carried is not None:

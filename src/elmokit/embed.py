@@ -267,8 +267,6 @@ class Embedder:
         with evaluating(self.bilm):
             out = self.bilm.contextualize(tokens, lengths, self._initial_state(len(sentences), tokens))
         if self.carried is not None:
-            if out.state is None:
-                raise RuntimeError("the model gave no final LSTM state to carry (stateful mode)")
             self.carried.update(out.state)
         return self._to_host(out.layers, [len(s) for s in sentences])
 

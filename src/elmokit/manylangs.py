@@ -270,7 +270,6 @@ class ManyLangsInputs(InputScheme):
         # ELMoForManyLangs' create_one_batch: `bow_id, eow_id = char2id['<eow>'], char2id['<bow>']`
         self.begin, self.end = chars["<eow>"], chars["<bow>"]
         self.char_oov, self.char_pad = chars["<oov>"], chars["<pad>"]
-        self.word_oov = None if words is None else words["<oov>"]
         self.width = max_chars + (words is not None)
         self.padding_id = self.char_pad + 1
         self.word_embedding = None if words is None else (_rows(words) + 1, word_dim)
@@ -287,7 +286,7 @@ class ManyLangsInputs(InputScheme):
             body = [chars[token]] if token in BOUNDARY_TOKENS else [chars.get(c, oov) for c in token]
             row = [self.begin, *body, self.end] + [self.char_pad] * (limit - len(body))
             if self.words is not None:
-                row.append(self.words.get(token, self.word_oov))
+                row.append(self.words.get(token, self.words["<oov>"]))
             rows.append(row)
         return torch.tensor(rows, dtype=torch.long).reshape(len(rows), self.width) + 1
 

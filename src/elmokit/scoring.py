@@ -61,6 +61,7 @@ from .characters import batch_to_ids, check_token_lists
 from .data import SPECIAL_TOKENS, Vocabulary
 from .embed import evaluating
 from .language_model import NO_SOFTMAX, LanguageModel
+from .softmax import Softmax
 from .textfiles import count_lines, line_splitter, read_lines
 
 __all__ = [
@@ -95,7 +96,8 @@ FIELDS = (
 )
 
 
-def _check_model(model: LanguageModel, vocab: Vocabulary, mode: str) -> None:
+def _check_model(model: LanguageModel, vocab: Vocabulary, mode: str) -> Softmax:
+    """The model's softmax, checked against ``vocab``; also checks ``mode``."""
     if model.softmax is None:
         raise ValueError(NO_SOFTMAX.format(name="softmax"))
     if model.softmax.vocab_size != len(vocab):
@@ -104,6 +106,7 @@ def _check_model(model: LanguageModel, vocab: Vocabulary, mode: str) -> None:
         )
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return model.softmax
 
 
 def _top_layer(
@@ -187,6 +190,7 @@ def _score_batch(
     model: LanguageModel, vocab: Vocabulary, sentences: Sequence[Sequence[str]], mode: str
 ) -> list[SentenceScore]:
     """Scores of a batch of non-empty sentences, in the given order."""
+    softmax = _check_model(model, vocab, mode)
     with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, sentences, mode)
         steps, dim = forward.shape[1], forward.shape[2]
@@ -194,7 +198,10 @@ def _score_batch(
         # <S> as 0. Forward: positions 0..n predict t_1..t_n, </S>. Backward: positions
         # 2..n+1 predict t_1..t_n and position 1 predicts <S>, so both align with the tokens.
         ids = [vocab.encode(s) for s in sentences]
-        rows_f, rows_b, targets_f, targets_b = [], [], [], []
+        rows_f: list[int] = []
+        rows_b: list[int] = []
+        targets_f: list[int] = []
+        targets_b: list[int] = []
         for r, (sentence, token_ids) in enumerate(zip(sentences, ids)):
             n, base = len(sentence), r * steps
             rows_f.extend(range(base, base + n + 1))
@@ -210,7 +217,7 @@ def _score_batch(
         )
         targets = torch.tensor(targets_f + targets_b, device=device)
         rows = max(1, SOFTMAX_CHUNK_LOGITS // len(vocab))
-        losses = [model.softmax.full_loss(h, t) for h, t in zip(hidden.split(rows), targets.split(rows))]
+        losses = [softmax.full_loss(h, t) for h, t in zip(hidden.split(rows), targets.split(rows))]
         logprobs = (-torch.cat(losses)).double().cpu().numpy()
     half = len(targets_f)
     scores, offset = [], 0
@@ -280,9 +287,9 @@ def _score_chunk(
     for batch in _length_sorted_batches([len(s) for s in chunk], batch_size):
         for i, score in zip(batch, _score_batch(model, vocab, [chunk[i] for i in batch], mode)):
             results[i] = score
-    for score in results:
-        assert score is not None
-        yield score
+    for result in results:
+        assert result is not None  # every index is in exactly one batch
+        yield result
 
 
 # -- files --------------------------------------------------------------------------------------
@@ -466,14 +473,14 @@ def word_distributions(
     """The model's distributions over the vocabulary for the word at ``position`` (0-based) of
     ``tokens``: forward (from <S> and the words before it), backward (from the words after it and
     </S>), and both = log P_fwd + log P_bwd renormalised (a product of experts)."""
-    _check_model(model, vocab, mode)
+    softmax = _check_model(model, vocab, mode)
     _check_position(tokens, position)
     with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, [tokens], mode)
         # with <S> at 0 the word is at position + 1: the forward LM predicts it from the step
         # before, the backward LM from the step after
         hidden = torch.stack([forward[0, position], backward[0, position + 2]])  # (2, dim)
-        fwd, bwd = F.log_softmax(model.softmax.logits(hidden).double(), dim=-1).cpu()
+        fwd, bwd = F.log_softmax(softmax.logits(hidden).double(), dim=-1).cpu()
         both = F.log_softmax(fwd + bwd, dim=-1)
     return WordDistributions(fwd, bwd, both)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -119,9 +119,28 @@ def _bilm_table(options: BiLMOptions) -> list[_Dataset]:
 _SOFTMAX_TABLE = [_Dataset("softmax/W", ("weight",)), _Dataset("softmax/b", ("bias",))]
 
 
-def _parameters(module: nn.Module, table: Sequence[_Dataset]) -> dict[str, torch.Tensor]:
+class _Parameterized(Protocol):
+    """A module whose parameters a table reads or writes (any ``nn.Module``)."""
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+
+class _WeightedBiLM(_Parameterized, Protocol):
+    """What the original layout reads and writes of a ``BiLM`` (bilm.py imports this module, so
+    it names the model by what it uses)."""
+
+    @property
+    def options(self) -> BiLMOptions: ...
+
+    @property
+    def start_state(self) -> LstmState | None: ...
+
+    def set_start_state(self, state: LstmState | None) -> None: ...
+
+
+def _parameters(module: _Parameterized, table: Sequence[_Dataset]) -> dict[str, torch.Tensor]:
     """The module's parameters by name, checked against the table in both directions."""
-    params = dict(module.named_parameters())
+    params: dict[str, torch.Tensor] = dict(module.named_parameters())
     named = {name for entry in table for name in entry.params}
     if named - params.keys() or params.keys() - named:
         raise WeightFileError(
@@ -253,7 +272,7 @@ def _read_array(
 
 
 def _read(
-    handle: h5py.File, path: Path, module: nn.Module, table: Sequence[_Dataset], implied_by: str
+    handle: h5py.File, path: Path, module: _Parameterized, table: Sequence[_Dataset], implied_by: str
 ) -> None:
     """Copy every dataset of ``table`` into ``module``, checking names, shapes and values."""
     params = _parameters(module, table)
@@ -266,7 +285,7 @@ def _read(
                 tensor.copy_(part)
 
 
-def _write(handle: h5py.File, module: nn.Module, table: Sequence[_Dataset]) -> None:
+def _write(handle: h5py.File, module: _Parameterized, table: Sequence[_Dataset]) -> None:
     """Write every dataset of ``table`` from ``module`` (float32)."""
     params = _parameters(module, table)
     for entry in table:
@@ -295,7 +314,7 @@ def _read_start_state(options: BiLMOptions, handle: h5py.File, path: Path) -> Ls
     return LstmState(*values)
 
 
-def load_weights(bilm: nn.Module, weight_file: str | Path) -> None:
+def load_weights(bilm: _WeightedBiLM, weight_file: str | Path) -> None:
     """Copy an original-format HDF5 file into a ``BiLM`` (its weights and ``start_state``),
     checking every dataset against ``bilm.options``."""
     path = Path(weight_file)
@@ -304,7 +323,7 @@ def load_weights(bilm: nn.Module, weight_file: str | Path) -> None:
         bilm.set_start_state(_read_start_state(bilm.options, handle, path))
 
 
-def save_weights(bilm: nn.Module, weight_file: str | Path) -> None:
+def save_weights(bilm: _WeightedBiLM, weight_file: str | Path) -> None:
     """Write a ``BiLM``'s weights in the original layout (float32, bilm-tf dataset names), and
     its ``start_state`` when it has one."""
     with atomic_path(weight_file) as tmp, h5py.File(tmp, "w") as handle:

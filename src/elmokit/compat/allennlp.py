@@ -595,7 +595,6 @@ class _ElmoBiLm(nn.Module):
             else:
                 out = bilm(inputs, initial, keep_sentence_boundaries=keep_sentence_boundaries)
         if lstm.stateful:
-            assert out.state is not None  # BiLM.forward always gives the final state
             lstm.carried.update(out.state)
         return out
 

@@ -187,7 +187,8 @@ def _from_url(url: str, progress: bool | None) -> ModelSource:
     path = transport.fetch(url, progress=progress)
     found = transport.sniff(path)
     if found != "zip":
-        what = {"json": "an options file", "hdf5": "an HDF5 weight file"}.get(found, "not a model archive")
+        kinds: dict[str | None, str] = {"json": "an options file", "hdf5": "an HDF5 weight file"}
+        what = kinds.get(found, "not a model archive")
         raise ValueError(f"{url} is {what}; give a .zip model archive, or --options and --weights")
     return _from_archive(path, url, "url", path.parent / UNPACKED, again=transport.again_hint(url))
 

@@ -503,10 +503,11 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
 
 def _open(url: str, headers: dict[str, str], watch: _Watch) -> Any:
     """The response to a GET of ``url``, its headers complete within HEADER_DEADLINE seconds."""
-    opener = urllib.request.build_opener(_Redirects(), _HTTP(), _HTTPS())
-    for handler in opener.handlers:
+    handlers = (_Redirects(), _HTTP(), _HTTPS())
+    for handler in handlers:
         if isinstance(handler, _Watched):
             handler.watch = watch
+    opener = urllib.request.build_opener(*handlers)
     host = urllib.parse.urlsplit(url).hostname or url
     watch.arm(HEADER_DEADLINE, f"no complete answer from {host} within {HEADER_DEADLINE:.0f} s")
     try:

@@ -28,6 +28,22 @@ from .bounds import MAX_HDF5_OBJECTS
 from .lstm import LstmState
 from .options import BiLMOptions
 
+__all__ = [
+    "SOFTMAX_FILE",
+    "START_STATE_DATASETS",
+    "UnsafeHDF5Error",
+    "WeightFileError",
+    "has_start_state",
+    "load_softmax",
+    "load_weights",
+    "lstm_cell_prefix",
+    "open_hdf5",
+    "save_options",
+    "save_softmax",
+    "save_weights",
+    "write_start_state",
+]
+
 SOFTMAX_FILE = "softmax.hdf5"
 
 # elmokit's extra datasets (ignored by bilm-tf and AllenNLP, which read datasets by name): the

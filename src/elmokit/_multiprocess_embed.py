@@ -394,6 +394,9 @@ class _Start:
     processes: int
 
 
+_STOP_SECONDS = 30.0  # how long a worker may take to stop on SIGTERM before it is killed
+
+
 def run(
     kind: str,
     processes: int,
@@ -434,7 +437,8 @@ def run(
     try:  # waited for here, not by context.join(), whose log lines would come before elmokit's
         running = list(workers)
         while running and failed is None:
-            connection.wait([worker.sentinel for worker in running])
+            # woken by a worker's end, and every second regardless: an end is never missed
+            connection.wait([worker.sentinel for worker in running], timeout=1.0)
             failed = next(
                 ((rank, w.exitcode) for rank, w in enumerate(workers) if w.exitcode not in (None, 0)), None
             )
@@ -443,8 +447,12 @@ def run(
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
+        deadline = time.monotonic() + _STOP_SECONDS
         for worker in workers:
-            worker.join()
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():  # it did not stop on SIGTERM: its scratch file stays for the next write
+                worker.kill()
+                worker.join()
     if failed is not None:
         rank, code = failed
         if code == _FAILED and store.check([f"error/{rank}"]):

@@ -119,9 +119,9 @@ def training(before: ModuleType, args: argparse.Namespace, folder: Path) -> dict
     for name, package in (("before", "elmokit_before"), ("after", "elmokit")):
         data_mod = importlib.import_module(f"{package}.data")
         # d119d49 had one module train.py; now training/config.py and training/loop.py
-        before = name == "before"
-        config_mod = importlib.import_module(f"{package}.train" if before else "elmokit.training.config")
-        train_mod = importlib.import_module(f"{package}.train" if before else "elmokit.training.loop")
+        old = name == "before"
+        config_mod = importlib.import_module(f"{package}.train" if old else "elmokit.training.config")
+        train_mod = importlib.import_module(f"{package}.train" if old else "elmokit.training.loop")
         vocab = data_mod.Vocabulary.from_file(args.vocab)
         options = preset(args.shape)
         max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token

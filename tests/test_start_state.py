@@ -139,9 +139,10 @@ def test_evaluate_accepts_checkpoint_and_shows_a_total(tmp_path, capsys):
 
 
 def _load(folder):
-    from elmokit.export import load_language_model
+    from elmokit import LanguageModel
 
-    return load_language_model(folder)
+    model = LanguageModel.from_pretrained(folder, device="cpu")
+    return model, model.vocab
 
 
 def test_evaluate_reuses_its_logits_buffer(tmp_path):

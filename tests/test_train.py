@@ -17,7 +17,7 @@ from elmokit._processes import run_processes
 from elmokit.checkpoints import latest_checkpoint, load_checkpoint_file
 from elmokit.data import BidirectionalLMBatches, Vocabulary, count_tokens
 from elmokit.evaluate import evaluate_perplexity
-from elmokit.export import export_model, load_language_model
+from elmokit.export import export_model
 from elmokit.language_model import LanguageModel
 from elmokit.options import preset
 from elmokit.training import loop
@@ -30,6 +30,12 @@ from .reference import run_direction, token_vector
 CPU = Distributed(device=torch.device("cpu"))
 
 WORDS = "the a of to in and stocks rose fell shares bank river money said year market oil".split()
+
+
+def _load_lm(folder):
+    """(LanguageModel, Vocabulary) of a save dir or an exported model folder, on the CPU."""
+    model = LanguageModel.from_pretrained(folder, device="cpu")
+    return model, model.vocab
 
 
 def write_corpus(folder: Path, n_sentences: int = 120, n_files: int = 2, seed: int = 0) -> str:
@@ -126,8 +132,8 @@ def test_resume_continues_exactly(tmp_path, corpus):
     train(first, progress=False)
     second = make_config(tmp_path / "b", corpus, save_dir=str(tmp_path / "b"), max_steps=6)
     train(second, resume=True, progress=False)
-    a, _ = load_language_model(tmp_path / "a")
-    b, _ = load_language_model(tmp_path / "b")
+    a = LanguageModel.from_pretrained(tmp_path / "a", device="cpu")
+    b = LanguageModel.from_pretrained(tmp_path / "b", device="cpu")
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
     rows = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
@@ -210,7 +216,7 @@ def test_non_finite_loss_stops_and_says_which_checkpoint_is_kept(tmp_path, corpu
 
 def test_evaluation_windows_equal_unroll_one_and_export_round_trip(tmp_path, corpus):
     train(make_config(tmp_path, corpus, max_steps=3), progress=False)
-    model, vocab = load_language_model(tmp_path / "run")
+    model, vocab = _load_lm(tmp_path / "run")
     one = evaluate_perplexity(model, vocab, corpus[0], batch_size=4, window=1)
     many = evaluate_perplexity(model, vocab, corpus[0], batch_size=4, window=20)
     assert one.tokens == many.tokens > 100
@@ -218,7 +224,7 @@ def test_evaluation_windows_equal_unroll_one_and_export_round_trip(tmp_path, cor
     assert many.backward == pytest.approx(one.backward, rel=1e-5)
     assert many.average == pytest.approx(np.sqrt(many.forward * many.backward), rel=1e-9)
     out = export_model(tmp_path / "run", tmp_path / "exported")
-    exported, vocab2 = load_language_model(out)
+    exported, vocab2 = _load_lm(out)
     again = evaluate_perplexity(exported, vocab2, corpus[0], batch_size=4)
     assert again.average == pytest.approx(many.average, rel=1e-6)
     bilm = BiLM.load(out / "options.json", out / "weights.hdf5")
@@ -237,7 +243,7 @@ def test_init_from_copies_shared_softmax_rows(tmp_path, corpus):
     from elmokit.training.loop import initialize_from
 
     train(make_config(tmp_path, corpus, max_steps=2), progress=False)
-    source, source_vocab = load_language_model(tmp_path / "run")
+    source, source_vocab = _load_lm(tmp_path / "run")
     new_vocab = Vocabulary(["<S>", "</S>", "<UNK>", "bank", "zebra", "the"])
     new_vocab.save(tmp_path / "v2.txt")
     tuned = LanguageModel(source.bilm.options.to_dict(), len(new_vocab))
@@ -259,7 +265,7 @@ def test_init_from_copies_shared_softmax_rows(tmp_path, corpus):
         options={},
     )
     train(config, progress=False)
-    fine_tuned, _ = load_language_model(tmp_path / "ft")
+    fine_tuned, _ = _load_lm(tmp_path / "ft")
     assert fine_tuned.bilm.options == source.bilm.options
 
 
@@ -476,7 +482,7 @@ def test_kept_checkpoints_rotate_and_their_average_exports(tmp_path, corpus, cap
     for name, value in bilm.state_dict().items():
         by_hand = sum(w[f"bilm.{name}"].double() for w in saved) / 3
         assert torch.equal(value, by_hand.float()), name
-    model, _ = load_language_model(tmp_path / "mean")
+    model, _ = _load_lm(tmp_path / "mean")
     by_hand = (sum(w["softmax.weight"].double() for w in saved) / 3).float()
     assert torch.equal(model.softmax.weight, by_hand)
     heldout = write_corpus(tmp_path / "heldout", n_sentences=300, n_files=1, seed=9)

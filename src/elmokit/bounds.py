@@ -42,6 +42,7 @@ __all__ = [
     "MAX_WORDS",
     "ModelSizes",
     "SizeError",
+    "available_memory_bytes",
     "ceiling",
     "check_model_size",
     "check_training_size",
@@ -126,6 +127,14 @@ def memory_bytes() -> int:
     except (AttributeError, ValueError, OSError):
         return FALLBACK_MEMORY_BYTES
     return pages * page if pages > 0 and page > 0 else FALLBACK_MEMORY_BYTES
+
+
+def available_memory_bytes() -> int | None:
+    """Bytes of memory this machine has free now (None when it cannot tell)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def shown_bytes(n: int) -> str:

@@ -9,15 +9,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .atomic import raise_if_signalled, terminate_raises, write_json
 from .checkpoints import (
     checkpoint_step,
     newest_checkpoints,
     training_summary,
 )
-from .data import Vocabulary
 from .hub import refuse_package_path
 from .language_model import LanguageModel
 from .lstm import LstmState
@@ -34,22 +31,9 @@ __all__ = [
     "check_new_folder",
     "copy_with_start_state",
     "export_model",
-    "load_language_model",
 ]
 
 TRAINING_FILE = "training.json"
-
-
-def load_language_model(
-    model_dir: str | Path,
-    device: str | torch.device = "cpu",
-    checkpoint: str = "latest",
-    average: int | None = None,
-) -> tuple[LanguageModel, Vocabulary]:
-    """(LanguageModel, Vocabulary) of ``LanguageModel.from_pretrained`` (a training save dir, an
-    exported model folder or any model spec with a softmax), for the training code's callers."""
-    model = LanguageModel.from_pretrained(model_dir, device=device, checkpoint=checkpoint, average=average)
-    return model, model.vocab
 
 
 def export_model(
@@ -63,12 +47,13 @@ def export_model(
     training.json of a save dir's "latest" or "best" (lowest held-out perplexity) checkpoint, or
     of the mean of its newest ``average`` checkpoints."""
     out = _output_folder(out_dir)
-    model, vocab = load_language_model(model_dir, checkpoint=checkpoint, average=average)
+    model = LanguageModel.from_pretrained(model_dir, device="cpu", checkpoint=checkpoint, average=average)
+    vocab = model.vocab
     extra = {"bidirectional": True, "n_tokens_vocab": len(vocab), **(extra_options or {})}
     save_options(model.bilm.options, out / "options.json", extra)
     save_weights(model.bilm, out / "weights.hdf5")
     vocab.save(out / "vocab.txt")
-    assert model.softmax is not None  # load_language_model makes it with the vocabulary
+    assert model.softmax is not None  # from_pretrained makes it with the vocabulary
     save_softmax(model.softmax, out / SOFTMAX_FILE)
     steps = None
     if average is not None:

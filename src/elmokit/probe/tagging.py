@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..bounds import available_memory_bytes
 from ..embed import Embedder
 from ..scalar_mix import ScalarMix
 from ..task_data import TaggedSentence, read_conll2003, read_conllu, spans
@@ -93,20 +94,12 @@ class Features:
     lengths: list[int]
 
 
-def _available_memory() -> int | None:
-    """Bytes of memory this machine has free now (None when it cannot tell)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _check_size(tokens: int, num_layers: int, dim: int, max_bytes: int | None) -> None:
     """Refuse features that would not fit: ``max_bytes``, or 80% of the free memory when None."""
     need = tokens * num_layers * dim * 4
     limit = max_bytes
     if limit is None:
-        free = _available_memory()
+        free = available_memory_bytes()
         limit = None if free is None else int(0.8 * free)
     if limit is not None and need > limit:
         raise ValueError(

@@ -62,7 +62,6 @@ from ..data import (
 )
 from ..devices import Process, process_device, this_process
 from ..evaluate import Perplexity, evaluate_perplexity
-from ..export import load_language_model
 from ..language_model import LanguageModel, batch_tensors
 from ..lstm import LstmState
 from ..options import BiLMOptions
@@ -739,7 +738,8 @@ def train(
 def initialize_from(model: LanguageModel, source_dir: str | Path, vocab: Vocabulary) -> int:
     """Start from a trained model (the original's restart for domain adaptation): copy the biLM
     and the softmax rows of every token that both vocabularies hold. Returns that count."""
-    source, source_vocab = load_language_model(source_dir)
+    source = LanguageModel.from_pretrained(source_dir, device="cpu")
+    source_vocab = source.vocab
     model.bilm.load_state_dict(source.bilm.state_dict())
     new_ids, old_ids = [], []
     for token in vocab.tokens:

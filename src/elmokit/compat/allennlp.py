@@ -19,8 +19,10 @@ with ``load_state_dict``: its biLM keys are converted to elmokit's.
 Also kept from AllenNLP: masks are int64 tensors (0/1); an empty sentence embeds as
 ``numpy.zeros((3, 0, 1024))`` (float64, 1024 whatever the model's size); ``embed_file`` refuses
 blank lines and writes dataset ``"i"`` per line plus ``"sentence_to_index"``. Different: files
-are local paths or URLs (downloaded into elmokit's cache, verified; see elmokit.hub), the
-output file is written atomically, and errors are one line.
+are local paths or URLs (downloaded into elmokit's cache, verified; see elmokit.hub), and every
+class also takes any model elmokit resolves (a name, a folder, an NLPL .zip, a URL, ``hf://``) as
+``options_file`` with ``weight_file=None``; the output file is written atomically, and errors
+are one line.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
+from pathlib import Path
 from typing import IO, Any, cast
 
 import numpy as np
@@ -50,12 +53,13 @@ from ..characters import (
     token_to_ids,
 )
 from ..embed import evaluating
+from ..hub.transport import sniff
 from ..lstm import LstmState
 from ..scalar_mix import mix_layers
 from ..textfiles import count_lines, read_lines
 from ..vectors_file import output_array, write_vectors
 from ..weights import _bilm_table, lstm_cell_prefix
-from .files import resolve_model_file
+from .files import load_bilm
 
 logger = logging.getLogger(__name__)
 
@@ -507,11 +511,7 @@ class _ElmoBiLm(nn.Module):
     ) -> None:
         super().__init__()
         if bilm is None:
-            bilm = BiLM.load(
-                resolve_model_file(options_file, "options file"),
-                resolve_model_file(weight_file, "weight file"),
-            )
-            bilm.requires_grad_(requires_grad)
+            bilm = load_bilm(options_file, weight_file).requires_grad_(requires_grad)
         elif options_file is not None or weight_file is not None:
             raise ConfigurationError("give options_file and weight_file, or bilm=, not both")
         self.bilm = bilm
@@ -632,6 +632,11 @@ class Elmo(nn.Module):
     <S> and </S> (layer norm statistics include them, as AllenNLP's), which are then removed
     unless ``keep_sentence_boundaries``. ``module``: an elmokit ``BiLM`` or a module returning
     AllenNLP's dict, used instead of the files (then ``requires_grad`` is ignored).
+
+    The model: AllenNLP's ``options_file`` and ``weight_file`` (paths or URLs), or any spec
+    elmokit resolves given as ``options_file`` with ``weight_file=None``: a shipped or known
+    model's name (``Elmo("elmo-news-512", None, 1)``), a model folder, an NLPL .zip, an http(s)
+    URL of one, ``hf://owner/name[@revision]``.
     """
 
     def __init__(
@@ -726,12 +731,13 @@ class ElmoTokenEmbedder(nn.Module):
     """AllenNLP's ``ElmoTokenEmbedder`` (``"elmo_token_embedder"``): one ``Elmo`` mix, optionally
     projected to ``projection_dim`` by a Linear layer; ``forward(inputs, word_inputs=None)`` ->
     (batch, ..., timesteps, output_dim). The ``Elmo`` is ``_elmo``, the projection
-    ``_projection``, as in AllenNLP's state dicts."""
+    ``_projection``, as in AllenNLP's state dicts. The model: AllenNLP's (options_file,
+    weight_file), or any elmokit spec as ``options_file`` alone (see ``Elmo``)."""
 
     def __init__(
         self,
         options_file: str | os.PathLike,
-        weight_file: str | os.PathLike,
+        weight_file: str | os.PathLike | None = None,
         do_layer_norm: bool = False,
         dropout: float = 0.5,
         requires_grad: bool = False,
@@ -771,7 +777,10 @@ class ElmoTokenEmbedder(nn.Module):
 class ElmoEmbedder:
     """AllenNLP 0.9's ``ElmoEmbedder``: arrays (3, n_tokens, 2 * projection_dim) per sentence,
     stateful from call to call as AllenNLP's (the states of batch row r carry into row r of the
-    next batch). ``options_file`` and ``weight_file``: paths or URLs; ``cuda_device`` -1 = CPU.
+    next batch). ``options_file`` and ``weight_file``: paths or URLs (AllenNLP's published model
+    by default), or any elmokit spec as ``options_file`` alone (``ElmoEmbedder("elmo-news-512")``,
+    a folder, an NLPL .zip, a URL of one, ``hf://owner/name``); an options file given alone is
+    paired with AllenNLP's default weights, as AllenNLP does. ``cuda_device`` -1 = CPU.
 
     Long sentences (SeqVec's proteins of thousands of residues) run through the LSTMs in windows
     of 512 steps with the states carried across, which gives the unsplit result with bounded
@@ -781,9 +790,11 @@ class ElmoEmbedder:
     def __init__(
         self,
         options_file: str | os.PathLike = DEFAULT_OPTIONS_FILE,
-        weight_file: str | os.PathLike = DEFAULT_WEIGHT_FILE,
+        weight_file: str | os.PathLike | None = None,
         cuda_device: int = -1,
     ) -> None:
+        if weight_file is None and _is_options_file(options_file):
+            weight_file = DEFAULT_WEIGHT_FILE  # AllenNLP's default, beside the options file given
         self.elmo_bilm = _ElmoBiLm(options_file, weight_file)
         if cuda_device >= 0:
             if not torch.cuda.is_available():
@@ -894,6 +905,19 @@ class ElmoEmbedder:
             raise ConfigurationError(str(err)) from None
 
 
+def _is_options_file(spec: str | os.PathLike | None) -> bool:
+    """Whether ``spec`` names an options file (a local JSON file, a URL ending in .json) rather
+    than a whole model."""
+    if spec is None:
+        return False
+    text = os.fspath(spec)
+    text = os.fsdecode(text) if isinstance(text, bytes) else text
+    if "://" in text:
+        return text.lower().split("?", 1)[0].endswith(".json")
+    path = Path(text).expanduser()
+    return path.is_file() and sniff(path) == "json"
+
+
 def _input_names(input_file: IO[str] | str | os.PathLike) -> list[str]:
     """The input's path, if it has one (an open file's name), for the output check."""
     name = getattr(input_file, "name", None) if hasattr(input_file, "read") else input_file
@@ -929,8 +953,17 @@ def add_elmo_parser(subparsers: Any) -> argparse.ArgumentParser:
     group.add_argument("--top", action="store_true", help="Output the top ELMo vector.")
     group.add_argument("--average", action="store_true", help="Output the average of the ELMo vectors.")
     p.add_argument("--vocab-path", help="accepted for compatibility; unused (as in AllenNLP 0.9)")
-    p.add_argument("--options-file", default=DEFAULT_OPTIONS_FILE, help="The path to the ELMo options file.")
-    p.add_argument("--weight-file", default=DEFAULT_WEIGHT_FILE, help="The path to the ELMo weight file.")
+    p.add_argument(
+        "--options-file",
+        default=DEFAULT_OPTIONS_FILE,
+        help="The path to the ELMo options file; or, without --weight-file, a whole model: a name, a "
+        "folder, an NLPL .zip, a URL or hf://owner/name.",
+    )
+    p.add_argument(
+        "--weight-file",
+        default=None,
+        help="The path to the ELMo weight file (AllenNLP's default beside an options file).",
+    )
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="The batch size to use.")
     p.add_argument("--file-friendly-logging", action="store_true", help="accepted for compatibility")
     p.add_argument("--cuda-device", type=int, default=-1, help="The cuda_device to run on (-1: CPU).")

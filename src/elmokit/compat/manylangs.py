@@ -9,17 +9,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bilm import BiLM, StatefulBiLM
+from ..bilm import StatefulBiLM
 from ..characters import check_token_lists
 from ..devices import resolve_device
-from ..hub import is_manylangs_folder
+from .files import load_bilm
 
 __all__ = ["ManyLangsEmbedder"]
 
 
 class ManyLangsEmbedder:
-    """ELMoForManyLangs' ``Embedder(model_dir, batch_size=64)`` on elmokit, with its numbers:
-    ``sents2elmo(sents, output_layer=-1)`` returns one float32 array per sentence, in input
+    """ELMoForManyLangs' ``Embedder(model_dir, batch_size=64)`` on elmokit, with its numbers.
+    ``model_dir``: an ELMoForManyLangs model folder, a .zip of one (NLPL's downloads 136-179,
+    ``efml-en``, ...), or any other model elmokit resolves (a name, a bilm-tf folder, a URL,
+    ``hf://``). ``sents2elmo(sents, output_layer=-1)`` returns one float32 array per sentence, in input
     order: (num_layers, n_tokens, dim) for ``output_layer=-2``, their average (n_tokens, dim) for
     -1, layer k for k (0 = the token layer [x; x]).
 
@@ -37,9 +39,7 @@ class ManyLangsEmbedder:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if not is_manylangs_folder(Path(model_dir)):
-            raise FileNotFoundError(f"{model_dir} is not an ELMoForManyLangs model folder")
-        bilm = BiLM.from_pretrained(Path(model_dir), stateful=True)
+        bilm = load_bilm(model_dir, None, stateful=True)
         assert isinstance(bilm, StatefulBiLM)
         self.bilm = bilm
         if device is None:

@@ -33,8 +33,8 @@ except ImportError as err:  # pragma: no cover - the module is only usable with 
 
 from ..bilm import BiLM, CarriedState
 from ..compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, batch_to_ids
+from ..compat.files import load_bilm
 from ..embed import evaluating
-from ..hub import resolve_model
 from ..lstm import LstmState
 
 __all__ = ["ELMoEmbeddings"]
@@ -71,11 +71,11 @@ MODES = ("stateful", "warm", "zero")
 def _load_bilm(
     model: str, options_file: str | os.PathLike | None, weight_file: str | os.PathLike | None
 ) -> BiLM:
-    if options_file and weight_file:
-        return BiLM.load(*resolve_model(options_file, weight_file).files())
+    if options_file:  # both files, as flair takes them, or one elmokit spec
+        return load_bilm(options_file, weight_file or None)
     if model in FLAIR_MODELS:
-        return BiLM.load(*resolve_model(*FLAIR_MODELS[model]).files())
-    return BiLM.from_pretrained(model)  # any form elmokit.hub.resolve_model takes
+        return load_bilm(*FLAIR_MODELS[model])
+    return load_bilm(model, None)  # any form elmokit.hub.resolve_model takes
 
 
 @register_embeddings("elmokit.ELMoEmbeddings")
@@ -86,8 +86,9 @@ class ELMoEmbeddings(TokenEmbeddings):
     ``model``: flair's names ("original", "small", "medium", "large"/"5.5B", "pt", "pubmed":
     AllenNLP's published files, downloaded into elmokit's cache on first use), or any model
     elmokit.resolve_model takes (a shipped or known model's name, a model folder, a .zip archive,
-    a URL); ``options_file`` and ``weight_file`` (paths or URLs), when
-    both are given, are used instead, as in flair. ``mode``: "stateful" (flair's and AllenNLP's
+    a URL, ``hf://owner/name``); ``options_file`` and ``weight_file`` (paths or URLs), when
+    both are given, are used instead, as in flair, and ``options_file`` alone may be any such
+    model. ``mode``: "stateful" (flair's and AllenNLP's
     numbers), "warm" or "zero" (deterministic). ``bilm``: use this elmokit BiLM instead of files.
     """
 

@@ -190,3 +190,47 @@ def test_flairs_elmo_embeddings_pickle_through_its_setstate(flair_elmo, tiny_fil
     embeddings.embed(original)
     copy.embed(restored)
     np.testing.assert_array_equal(_vectors([original])[0], _vectors([restored])[0])
+
+
+def test_a_saved_tagger_loads_in_a_fresh_process_without_importing_elmokit(tmp_path):
+    """flair looks the embeddings class up by name; the saved parameters name the class itself,
+    so loading the model imports elmokit.integrations.flair, which registers it."""
+    import os
+    import subprocess
+    import sys
+
+    corpus = _corpus()
+    torch.manual_seed(0)
+    tagger = SequenceTagger(
+        hidden_size=8,
+        embeddings=ELMoEmbeddings("elmo-tiny-reference", embedding_mode="top", mode="warm"),
+        tag_dictionary=corpus.make_label_dictionary("ner"),
+        tag_type="ner",
+        use_crf=False,
+    )
+    tagger.save(tmp_path / "tagger.pt")
+    sentence = Sentence(TEXTS[1])
+    tagger.embeddings.embed(sentence)
+    np.save(tmp_path / "expected.npy", _vectors([sentence])[0])
+    script = (
+        "import sys, numpy as np, torch\n"
+        "from flair.data import Sentence\n"
+        "from flair.models import SequenceTagger\n"
+        "assert 'elmokit' not in sys.modules\n"
+        "tagger = SequenceTagger.load(sys.argv[1])\n"
+        f"sentence = Sentence({TEXTS[1]!r})\n"
+        "tagger.embeddings.embed(sentence)\n"
+        "vectors = torch.stack([t.get_embedding() for t in sentence]).numpy()\n"
+        "np.testing.assert_array_equal(vectors, np.load(sys.argv[2]))\n"
+        "print(type(tagger.embeddings).__module__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "tagger.pt"), str(tmp_path / "expected.npy")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "elmokit.integrations.flair"

@@ -11,8 +11,9 @@ with AllenNLP 0.9 (states carried from batch to batch, and the constructor's dum
 from zeros, so a sentence gets the same vectors in any batch and after any other.
 
 Taggers that use it save and load with flair (``to_params``/``from_params``): the saved model
-holds the options and flair's state dict holds the weights, so it needs no files to load; import
-this module before ``SequenceTagger.load``.
+holds the options and flair's state dict holds the weights, so it needs no files to load, and
+``SequenceTagger.load`` needs no import of this module: the saved parameters name this class,
+so unpickling the model imports it (flair has no entry points for embeddings).
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ class ELMoEmbeddings(TokenEmbeddings):
             "mode": self.mode,
             "options": self.bilm.options.to_dict(),
             "start_state": None if start is None else [t.detach().cpu() for t in start],
+            # the class itself, pickled by reference into the saved model: loading the model
+            # imports this module, which registers the class with flair before flair looks it up
+            "embeddings_class": ELMoEmbeddings,
         }
 
     @classmethod

@@ -138,15 +138,15 @@ def test_padding_positions_hold_bilm_tfs_padding_vectors_and_enter_the_average(n
     assert np.abs(alone - beside).max() > 0.01
 
 
-def test_warmup_runs_every_batch_once_with_states_carried(nlpl_zip, padding_vector):
-    """warmup=True: all batches once, thrown away, then the returned pass, in one stateful run
-    (row r of a batch continues row r of the previous batch); each call starts from zeros."""
+def test_warmup_runs_the_first_batch_once_with_states_carried(nlpl_zip, padding_vector):
+    """warmup=True: the first batch once, thrown away (simple_elmo 0.9.2's warmup loop ends in
+    `break`), then the returned pass, in one stateful run (row r of a batch continues row r of
+    the previous batch); each call starts from zeros."""
     model = ElmoModel()
     model.load(str(nlpl_zip), max_batch_size=2)
     stateful = ElmoEmbedder(TINY / "options.json", TINY / "lm_weights.hdf5")  # bilm-tf's carrying
     batches = [TEXTS[0:2], TEXTS[2:4], TEXTS[4:5]]
-    for batch in batches:  # the warm-up pass
-        stateful.embed_batch(batch)
+    stateful.embed_batch(batches[0])  # the warm-up: the first batch only
     expected = np.zeros((5, 7, 32))
     for b, batch in enumerate(batches):
         layers = [array.astype(np.float64) for array in stateful.embed_batch(batch)]
@@ -198,10 +198,12 @@ def test_errors_are_one_line(tmp_path, nlpl_zip):
         model.get_elmo_vectors([["a"]], layers="middle")
     with pytest.raises(ValueError, match="session= takes a TensorFlow session"):
         model.get_elmo_vector_average([["a"]], session=object())
-    with pytest.raises(ValueError, match=r"load\(full=True\) reads TensorFlow checkpoints"):
+    with pytest.raises(FileNotFoundError, match=r"^this model ships no softmax.hdf5"):
         model.load(str(nlpl_zip), full=True)
-    with pytest.raises(NotImplementedError, match="get_elmo_substitutes needs simple_elmo's TensorFlow"):
-        model.get_elmo_substitutes([["a"]])
+    with pytest.raises(
+        ValueError, match=r"get_elmo_substitutes needs the language model: load the model with full=True"
+    ):
+        model.get_elmo_substitutes(["a"] * 40)
     options = json.loads((TINY / "options.json").read_text())
     options["char_cnn"]["n_characters"] = 261
     folder = tmp_path / "lm"
@@ -254,3 +256,182 @@ def test_model_on_the_gpu_gives_the_cpu_numbers(nlpl_zip):
     cpu.load(str(nlpl_zip))
     gpu.load(str(nlpl_zip), device="cuda")
     np.testing.assert_allclose(gpu.get_elmo_vectors(TEXTS), cpu.get_elmo_vectors(TEXTS), atol=1e-4)
+
+
+# -- get_elmo_substitutes: the language model, as simple_elmo 0.9.2 runs it -----------------------
+RAW = [
+    "The cat sat on the mat .",
+    "A dog barked",
+    "the cat",
+    "Ein Hund bellte laut",
+    "",
+    "the mat sat .",
+    "dog",
+]
+
+
+@pytest.fixture(scope="module")
+def lm_folder(tmp_path_factory) -> Path:
+    """The tiny biLM with a vocabulary (<S> </S> <UNK> and some of the words: others are
+    outside it) and a random softmax: what load(full=True) reads."""
+    from elmokit.softmax import Softmax
+    from elmokit.weights import save_softmax
+
+    folder = tmp_path_factory.mktemp("simple-elmo-lm")
+    shutil.copy(TINY / "options.json", folder / "options.json")
+    shutil.copy(TINY / "lm_weights.hdf5", folder / "model.hdf5")
+    words = ["<S>", "</S>", "<UNK>", "the", "cat", ".", "sat", "on", "mat", "A", "dog", "Hund", "laut"]
+    (folder / "vocab.txt").write_text("".join(w + "\n" for w in words), encoding="utf-8")
+    generator = torch.Generator().manual_seed(3)
+    softmax = Softmax(len(words), 16)
+    with torch.no_grad():
+        softmax.weight.normal_(0.0, 1.0, generator=generator)
+        softmax.bias.normal_(0.0, 1.0, generator=generator)
+    save_softmax(softmax, folder / "softmax.hdf5")
+    return folder
+
+
+def _simple_elmo_substitutes(folder: Path, data: list[str], batch_size: int, topn: int, nodelimiters: bool):
+    """simple_elmo 0.9.2's get_elmo_substitutes, transliterated: pack_encoded (lm_encode and
+    bilm-tf's _get_batch with num_steps=1), the LM run from the initial zero state at every step
+    (tests/reference.py in float64: char CNN, one LSTM step per layer, then softmax/W, softmax/b),
+    argpartition, rounding, and the storage of each row's predictions until its sentence ends."""
+    options = json.loads((folder / "options.json").read_text())
+    id_to_word = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    word_to_id = {w: i for i, w in enumerate(id_to_word)}
+    bos, eos, unk = word_to_id["<S>"], word_to_id["</S>"], word_to_id["<UNK>"]
+
+    def lm_encode(reverse: bool):
+        for sentence in data:
+            words = sentence.split()[::-1] if reverse else sentence.split()
+            ids = [word_to_id.get(w, unk) for w in words]
+            ends = ([eos], [bos]) if reverse else ([bos], [eos])
+            yield (
+                ends[0] + ids + ends[1],
+                ["</S>" if reverse else "<S>", *words, "<S>" if reverse else "</S>"],
+            )
+
+    def get_batch(generator):
+        cur_stream = [None] * batch_size
+        while True:
+            inputs, targets, chars = [0] * batch_size, [0] * batch_size, [""] * batch_size
+            no_more_data = False
+            for i in range(batch_size):
+                if cur_stream[i] is None or len(cur_stream[i][0]) <= 1:
+                    try:
+                        cur_stream[i] = list(next(generator))
+                    except StopIteration:
+                        no_more_data = True
+                        continue
+                inputs[i], chars[i], targets[i] = (
+                    cur_stream[i][0][0],
+                    cur_stream[i][1][0],
+                    cur_stream[i][0][1],
+                )
+                cur_stream[i] = [cur_stream[i][0][1:], cur_stream[i][1][1:]]
+            if no_more_data:
+                break
+            yield {"tokens_characters": chars, "next_token_id": targets}
+
+    with h5py.File(folder / "model.hdf5", "r") as f, h5py.File(folder / "softmax.hdf5", "r") as s:
+        weight, bias = np.asarray(s["softmax/W"], np.float64), np.asarray(s["softmax/b"], np.float64)
+
+        def scores(tokens: list[str], direction: int) -> np.ndarray:
+            rows = []
+            for token in tokens:
+                x = reference.token_vector(f, options, token)
+                rows.append(weight @ reference.run_direction(f, options, direction, [x])[-1][0] + bias)
+            return np.stack(rows).astype(np.float32)
+
+        word_predictions, storage = [], [([], []) for _ in range(batch_size)]
+        for x, xr in zip(get_batch(lm_encode(False)), get_batch(lm_encode(True))):
+            forward_preds, backward_preds = (
+                scores(x["tokens_characters"], 0),
+                scores(xr["tokens_characters"], 1),
+            )
+            if nodelimiters:
+                forward_preds[:, [0, 1]] = 0
+                backward_preds[:, [0, 1]] = 0
+            forward_ind = np.argpartition(forward_preds, -topn)[:, -topn:]
+            backward_ind = np.argpartition(backward_preds, -topn)[:, -topn:]
+            forward_probs = np.round(np.take_along_axis(forward_preds, forward_ind, 1).astype(float), 4)
+            backward_probs = np.round(np.take_along_axis(backward_preds, backward_ind, 1).astype(float), 4)
+            next_words = [id_to_word[t] for t in x["next_token_id"]]
+            next_back_words = [id_to_word[t] for t in xr["next_token_id"]]
+            for nr in range(batch_size):
+                if next_words[nr] == "</S>" and next_back_words[nr] == "<S>":
+                    forward, backward = storage[nr]
+                    word_predictions.append(
+                        [
+                            {"word": a["word"], "forward": a["rest"], "backward": b["rest"]}
+                            for a, b in zip(forward, reversed(backward))
+                        ]
+                    )
+                    storage[nr] = ([], [])
+                    continue
+                for entries, word, ind, probs in (
+                    (storage[nr][0], next_words[nr], forward_ind[nr], forward_probs[nr]),
+                    (storage[nr][1], next_back_words[nr], backward_ind[nr], backward_probs[nr]),
+                ):
+                    rest = {
+                        "candidates": ind.tolist(),
+                        "candidate_words": [id_to_word[i] for i in ind],
+                        "logp": probs.tolist(),
+                    }
+                    entries.append({"word": word, "rest": rest})
+    return word_predictions
+
+
+def _assert_same_substitutes(found: list, expected: list) -> None:
+    assert len(found) == len(expected)
+    for sentence, reference_sentence in zip(found, expected):
+        assert [w["word"] for w in sentence] == [w["word"] for w in reference_sentence]
+        for word, reference_word in zip(sentence, reference_sentence):
+            for direction in ("forward", "backward"):
+                got, want = word[direction], reference_word[direction]
+                assert (
+                    got["candidates"] == want["candidates"]
+                    and got["candidate_words"] == want["candidate_words"]
+                )
+                np.testing.assert_allclose(got["logp"], want["logp"], atol=1.01e-4)
+
+
+@pytest.mark.parametrize(("batch_size", "topn", "nodelimiters"), [(2, 3, True), (3, 2, False), (1, 4, True)])
+def test_substitutes_are_simple_elmos_one_step_language_model_predictions(
+    lm_folder, batch_size, topn, nodelimiters
+):
+    model = ElmoModel()
+    assert model.load(str(lm_folder), max_batch_size=batch_size, full=True) == "The model is now loaded."
+    found = model.get_elmo_substitutes(RAW, topn=topn, nodelimiters=nodelimiters)
+    expected = _simple_elmo_substitutes(lm_folder, RAW, batch_size, topn, nodelimiters)
+    _assert_same_substitutes(found, expected)
+    assert set(found[0][0]) == {"word", "forward", "backward"}
+    assert set(found[0][0]["forward"]) == {"candidates", "candidate_words", "logp"}
+    assert all(len(w["forward"]["candidates"]) == topn for s in found for w in s)
+    # a word outside the vocabulary is named <UNK>, as simple_elmo's vocabulary names it
+    assert any(w["word"] == "<UNK>" for s in found for w in s)
+
+
+def test_substitutes_come_in_the_order_sentences_finish_and_need_full(lm_folder):
+    model = ElmoModel()
+    model.load(str(lm_folder), max_batch_size=2, full=True)
+    found = model.get_elmo_substitutes(["the cat sat on the mat .", "the cat", "dog", "A dog barked"])
+    # row 1 finishes "the cat" (3 steps) and "dog" (2 steps) before row 0's seven-word sentence
+    # (8 steps); then row 0 finds no sentence left, and "A dog barked", still running, is dropped
+    assert [[w["word"] for w in s] for s in found] == [
+        ["the", "cat"],
+        ["dog"],
+        ["the", "cat", "sat", "on", "the", "mat", "."],
+    ]
+    tokens = model.get_elmo_substitutes(
+        [["the", "cat"], ["dog"], ["A"]]
+    )  # lists of tokens: an elmokit addition
+    assert [[w["word"] for w in s] for s in tokens] == [["dog"], ["the", "cat"]]
+    vectors = model.get_elmo_vectors([["the", "cat"]], warmup=False)  # the vectors work after full=True too
+    plain = ElmoModel()
+    plain.load(str(lm_folder))
+    np.testing.assert_array_equal(vectors, plain.get_elmo_vectors([["the", "cat"]], warmup=False))
+    with pytest.raises(ValueError, match=r"needs at least max_batch_size \(2\) sentences, got 1"):
+        model.get_elmo_substitutes(["the cat"])
+    with pytest.raises(ValueError, match=r"get_elmo_substitutes needs the language model"):
+        plain.get_elmo_substitutes(RAW)

@@ -29,22 +29,41 @@ What simple_elmo computes, and so what this computes (its code, read line by lin
   batch starts from the states row r reached at the end of the previous batch (rows beyond a
   smaller batch keep theirs); each call starts from zeros (simple_elmo opens a new TensorFlow
   session per call).
-- Warm-up (``warmup=True``, the default): every batch is run once and thrown away before the
-  pass whose vectors are returned, so those vectors start from the states the whole input left,
+- Warm-up (``warmup=True``, the default): the first batch (the first ``max_batch_size`` texts)
+  is run once and thrown away before the pass whose vectors are returned (simple_elmo's
+  ``warmup`` loop ends in ``break``), so that pass starts from the states the first batch left,
   not from zeros: the same texts give different numbers with ``warmup=False``, and a text's
-  vectors depend on the texts before it.
+  vectors depend on the texts before it and on the first batch.
 - Character ids: bilm-tf's ``Batcher`` with the model's ``vocab.txt`` (``limit`` first words
   cached): a cached word at the index of ``<S>`` / ``</S>`` (the last cached word when either is
   not among them) is read as that sentence boundary; no vocabulary means ``<S>`` and ``</S>``
   only. A text given as a str is a sequence of one-character tokens, as in simple_elmo.
 
+- ``get_elmo_substitutes(raw_sentences, topn=3, nodelimiters=True)`` (after ``load(...,
+  full=True)``): the language model reads the sentences as bilm-tf's training batches of one
+  step: ``max_batch_size`` rows, each row a stream of ``<S> w_1 .. w_n </S>`` (and the reverse
+  stream) taking the next sentence when its own ends. simple_elmo feeds the initial zero LSTM
+  state at every step (it never feeds back the state reached), so each prediction comes from one
+  token: the forward LM's from the word before (``<S>`` for the first), the backward LM's from
+  the word after (``</S>`` for the last). Per word: the ``topn`` ids of
+  ``numpy.argpartition`` (in its order, not sorted), their words and their *logits* rounded to 4
+  decimals (``"logp"``, unnormalized scores, as simple_elmo returns them); ``nodelimiters`` sets
+  the scores of vocabulary ids 0 and 1 to 0 (normally ``<S>`` and ``</S>``; a score of 0 can still
+  rank high). Sentences come out in the order they finish, not the input order, and the
+  sentences still running when a row finds no sentence left are dropped (bilm-tf drops that last,
+  incomplete batch); fewer sentences than ``max_batch_size`` is an error, as in simple_elmo.
+
 Not run against simple_elmo itself: it needs TensorFlow 1-style graphs, which cannot run here.
 The reference numbers of the tests are simple_elmo's algorithm above applied to bilm-tf's biLM
-(elmokit's, tested exact to bilm-tf's outputs, and a float64 reimplementation of bilm-tf).
+(elmokit's, tested exact to bilm-tf's outputs, and a float64 reimplementation of bilm-tf, LSTM
+steps and softmax included).
 
-Different: errors are one line (ValueError, FileNotFoundError) instead of ``SystemExit``;
-``vocab.txt.gz`` is read as gzip; ``session=`` (a TensorFlow session) is refused;
-``get_elmo_substitutes`` and ``load(full=True)`` (TensorFlow checkpoints) are not provided.
+Different: errors are one line (ValueError, FileNotFoundError) instead of ``SystemExit`` and
+``SystemError``; ``vocab.txt.gz`` is read as gzip; ``session=`` (a TensorFlow session) is refused;
+``load(full=True)`` reads the model's ``softmax.hdf5`` and ``vocab.txt`` (``elmokit export``
+writes them from a training run) instead of a TensorFlow checkpoint, takes every model spec
+(simple_elmo: a folder only) and leaves the vectors working too (simple_elmo's then fail);
+``get_elmo_substitutes`` also takes sentences as lists of tokens.
 """
 
 from __future__ import annotations
@@ -55,6 +74,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,7 +87,9 @@ from ..characters import (
     END_OF_WORD_CHAR,
     PADDING_CHAR,
 )
+from ..embed import evaluating
 from ..hub import resolve_model
+from ..language_model import LanguageModel
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +170,48 @@ class _Characters:
         return out
 
 
+# -- get_elmo_substitutes' batches -----------------------------------------------------------
+_LM_ROWS = 512  # steps run through the language model at once
+# One step of one batch row: (row, (forward input token, its target), (backward input, target))
+_Step = tuple[int, tuple[str, str], tuple[str, str]]
+
+
+def _words(sentence: str | Sequence[str]) -> list[str]:
+    return sentence.split() if isinstance(sentence, str) else [str(token) for token in sentence]
+
+
+def _lm_steps(sentences: list[list[str]], batch_size: int) -> list[_Step]:
+    """simple_elmo's ``pack_encoded`` with one step per batch (bilm-tf's ``_get_batch``): each
+    of ``batch_size`` rows reads ``<S> w_1 .. w_n </S>`` and its reverse stream ``</S> w_n ..
+    w_1 <S>`` one token per batch, taking the next sentence when its own is done; the first
+    batch that finds no sentence left for a row is dropped with all later ones. Returns the
+    steps of the batches kept, batch by batch, row by row."""
+    pending = iter(sentences)
+    streams: list[tuple[list[str], list[str]] | None] = [None] * batch_size
+    steps: list[_Step] = []
+    while True:
+        batch: list[_Step] = []
+        exhausted = False
+        for row in range(batch_size):
+            stream = streams[row]
+            if stream is None or len(stream[0]) <= 1:
+                sentence = next(pending, None)
+                if sentence is None:
+                    exhausted = True
+                    continue
+                stream = (["<S>", *sentence, "</S>"], ["</S>", *reversed(sentence), "<S>"])
+            forward, backward = stream
+            batch.append((row, (forward[0], forward[1]), (backward[0], backward[1])))
+            streams[row] = (forward[1:], backward[1:])
+        if exhausted:
+            return steps
+        steps.extend(batch)
+
+
+def _without_word(entry: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in entry.items() if key != "word"}
+
+
 def _read_vocabulary(path: Path | None) -> list[str] | None:
     if path is None:
         return None
@@ -171,6 +235,7 @@ class ElmoModel:
         self.max_chars: int | None = None
         self.vector_size: int | None = None
         self.n_layers: int | None = None
+        self.lm: LanguageModel | None = None  # with load(full=True)
         self.logger = logger
 
     def load(
@@ -183,32 +248,39 @@ class ElmoModel:
         device: str | torch.device | None = None,
     ) -> str:
         """Load a model: an NLPL zip (``options.json``, ``model.hdf5``, ``vocab.txt``), a folder
-        of those, or anything else elmokit takes as a model (a name, a URL). ``max_batch_size``:
-        texts per batch; ``limit``: vocabulary words cached. ``device``: where to run (default
-        the CPU; an elmokit addition)."""
-        if full:
-            raise ValueError(
-                "load(full=True) reads TensorFlow checkpoints, which elmokit cannot: load the HDF5 "
-                "model (full=False)"
-            )
+        of those, or anything else elmokit takes as a model (a name, a URL, ``hf://``).
+        ``max_batch_size``: texts per batch; ``limit``: vocabulary words cached. ``full=True``:
+        also the language model (the model's ``softmax.hdf5`` and ``vocab.txt``, read by
+        ``elmokit.LanguageModel``), for ``get_elmo_substitutes``; the vectors work as well.
+        ``device``: where to run (default the CPU; an elmokit addition)."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         source = resolve_model(directory)
         options_file, weight_file = source.files()
-        try:  # what simple_elmo checks in the file itself (elmokit reads 261 as 262)
-            n_characters = json.loads(Path(options_file).read_text(encoding="utf-8"))["char_cnn"][
-                "n_characters"
-            ]
-        except (ValueError, KeyError, TypeError):
-            n_characters = None  # BiLM.load names what is wrong
-        if n_characters == 261:
-            raise ValueError(
-                f"{options_file}: invalid number of characters: 261; set n_characters to 262 for inference"
-            )
-        bilm = BiLM.load(options_file, weight_file)
-        self.bilm = bilm.to(device) if device is not None else bilm
+        self.lm = None
+        vocabulary: list[str] | None
+        if full:  # the language model: biLM, softmax.hdf5 and vocab.txt (simple_elmo: a checkpoint)
+            lm = LanguageModel.from_pretrained(directory, device=device or "cpu")
+            bilm, vocabulary = lm.bilm, lm.vocab.tokens
+            self.lm = lm
+        else:
+            try:  # what simple_elmo checks in the file itself (elmokit reads 261 as 262)
+                n_characters = json.loads(Path(options_file).read_text(encoding="utf-8"))["char_cnn"][
+                    "n_characters"
+                ]
+            except (ValueError, KeyError, TypeError):
+                n_characters = None  # BiLM.load names what is wrong
+            if n_characters == 261:
+                raise ValueError(
+                    f"{options_file}: invalid number of characters: 261; set n_characters to 262 for "
+                    "inference"
+                )
+            bilm = BiLM.load(options_file, weight_file)
+            bilm = bilm.to(device) if device is not None else bilm
+            vocabulary = _read_vocabulary(source.extras.get("vocab"))
+        self.bilm = bilm
         self.max_chars = bilm.options.char_cnn.max_characters_per_token
-        self.batcher = _Characters(_read_vocabulary(source.extras.get("vocab")), self.max_chars, limit)
+        self.batcher = _Characters(vocabulary, self.max_chars, limit)
         self.batch_size = max_batch_size
         self.vector_size = bilm.output_dim
         self.n_layers = bilm.options.lstm.n_layers + 1
@@ -239,8 +311,10 @@ class ElmoModel:
             padding = bilm.token_encoder.encode_unique(
                 torch.zeros(1, bilm.token_encoder.input_width, dtype=torch.long, device=like.device)
             )[0]
-            for final in [False, True] if warmup else [True]:
-                for chunk in chunks:
+            # simple_elmo's warmup(): the first batch once, thrown away (its loop ends in `break`)
+            passes = [(False, chunks[:1]), (True, chunks)] if warmup else [(True, chunks)]
+            for final, batches in passes:
+                for chunk in batches:
                     ids = self.batcher.batch(chunk).to(like.device)
                     state = carried.initial(bilm, len(chunk), like)
                     out = bilm(ids, state, keep_sentence_boundaries=False)
@@ -311,10 +385,75 @@ class ElmoModel:
         return out
 
     def get_elmo_substitutes(
-        self, data: Sequence[Sequence[str]], topn: int = 3, nodelimiters: bool = True
-    ) -> list:
-        """Not provided: simple_elmo computes it with a TensorFlow checkpoint (``load(full=True)``)."""
-        raise NotImplementedError(
-            "get_elmo_substitutes needs simple_elmo's TensorFlow checkpoint (load(full=True)), which "
-            "elmokit cannot read; for language-model scores use elmokit's LanguageModel"
-        )
+        self, data: Sequence[str], topn: int = 3, nodelimiters: bool = True
+    ) -> list[list[dict[str, Any]]]:
+        """simple_elmo's language-model predictions for each word of each sentence (raw strings,
+        split on whitespace; a list of tokens is taken as it is): a list per sentence of
+        ``{"word", "forward": {"candidates", "candidate_words", "logp"}, "backward": {...}}``,
+        ``topn`` candidates each. Needs ``load(..., full=True)``. What simple_elmo computes, kept
+        as it is (see the module docstring): sentences in the order they finish, the last ones
+        left out, each prediction from one token and zero LSTM states, ``logp`` the rounded
+        logits."""
+        lm = self.lm
+        if lm is None or self.batch_size is None:
+            raise ValueError("get_elmo_substitutes needs the language model: load the model with full=True")
+        if isinstance(data, str) or not isinstance(data, Sequence):
+            raise TypeError("data must be a list of sentences (strings), e.g. ['The cat sat .']")
+        if isinstance(topn, bool) or not isinstance(topn, int) or topn < 1:
+            raise ValueError(f"topn must be a positive integer, got {topn!r}")
+        if len(data) < self.batch_size:
+            raise ValueError(
+                f"get_elmo_substitutes needs at least max_batch_size ({self.batch_size}) sentences, got "
+                f"{len(data)}: load with a smaller max_batch_size"
+            )
+        vocab = lm.vocab
+        if topn > len(vocab):
+            raise ValueError(f"topn must be at most the vocabulary size {len(vocab)}, got {topn}")
+        characters = _Characters(vocab.tokens, lm.bilm.options.char_cnn.max_characters_per_token, None)
+        steps = _lm_steps([_words(sentence) for sentence in data], self.batch_size)
+        predictions: list[list[dict[str, Any]]] = []
+        storage: list[tuple[list[dict], list[dict]]] = [([], []) for _ in range(self.batch_size)]
+        for start in range(0, len(steps), _LM_ROWS):
+            rows = steps[start : start + _LM_ROWS]
+            scores = self._lm_scores(lm, characters, rows)  # (2, rows, V) float32
+            if nodelimiters:
+                scores[:, :, :2] = 0  # simple_elmo zeroes the scores of ids 0 and 1
+            top = np.argpartition(scores, -topn, axis=-1)[..., -topn:]
+            logp = np.round(np.take_along_axis(scores, top, -1).astype(float), 4)
+            for k, (row, (_, target), (_, target_back)) in enumerate(rows):
+                word = vocab.id_to_token(vocab.token_to_id(target))  # <UNK> outside the vocabulary
+                word_back = vocab.id_to_token(vocab.token_to_id(target_back))
+                if word == "</S>" and word_back == "<S>":  # the sentence's last step
+                    forward, backward = storage[row]
+                    predictions.append(
+                        [
+                            {"word": f["word"], "forward": _without_word(f), "backward": _without_word(b)}
+                            for f, b in zip(forward, reversed(backward))
+                        ]
+                    )
+                    storage[row] = ([], [])
+                    continue
+                for direction, (name, entries) in enumerate(zip((word, word_back), storage[row])):
+                    entries.append(
+                        {
+                            "word": name,
+                            "candidates": top[direction, k].tolist(),
+                            "candidate_words": [vocab.id_to_token(int(i)) for i in top[direction, k]],
+                            "logp": logp[direction, k].tolist(),
+                        }
+                    )
+        return predictions
+
+    @staticmethod
+    def _lm_scores(lm: LanguageModel, characters: _Characters, rows: list[_Step]) -> np.ndarray:
+        """The softmax's logits (2, len(rows), V), float32, for each step's forward and
+        backward input token, each run one step from zero LSTM states (simple_elmo feeds the
+        initial zero state at every step)."""
+        softmax = lm.softmax
+        assert softmax is not None  # from_pretrained gives a model with its softmax
+        like = next(lm.parameters())
+        inputs = [[forward for _, (forward, _), _ in rows], [backward for _, _, (backward, _) in rows]]
+        ids = characters.batch(inputs)  # (2, rows, max_chars), shifted by +1
+        with torch.inference_mode(), evaluating(lm):
+            hidden, _ = lm.hidden_states(ids.unsqueeze(2).to(like.device))  # (2, rows, 1, dim)
+            return softmax.logits(hidden[:, :, 0]).float().cpu().numpy()

@@ -23,6 +23,7 @@ from elmokit.compat.simple_elmo import ElmoModel
 from elmokit.hub import MODELS_DIR, TINY_REFERENCE
 
 from .conftest import FIXTURES
+from .test_hub import REPO, hub  # noqa: F401 - the stand-in Hugging Face Hub fixture
 
 TINY_FOLDER = MODELS_DIR / TINY_REFERENCE
 OPTIONS, WEIGHTS = TINY_FOLDER / "options.json", TINY_FOLDER / "weights.hdf5"
@@ -174,3 +175,13 @@ def test_a_model_beside_a_weight_file_or_no_model_is_one_line(specs, capsys, tmp
     error = capsys.readouterr().err
     assert error.startswith("elmokit: error: ") and "is a model archive, not an options file" in error
     assert error.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.usefixtures("hub")
+def test_an_hf_repository_as_the_options_file():
+    """``hf://owner/name`` through the stand-in Hub of tests/test_hub.py."""
+    expected = _elmo_outputs(Elmo(OPTIONS, WEIGHTS, 1, dropout=0))
+    assert torch.equal(_elmo_outputs(Elmo(f"hf://{REPO}", None, 1, dropout=0)), expected)
+    model = ElmoModel()
+    model.load(f"hf://{REPO}")
+    assert model.get_elmo_vectors(SENTENCES).shape == (2, 4, 32)

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -110,6 +111,8 @@ def layer_weights(folder: Path) -> dict[str, list[float]]:
     """The softmax-normalised layer weights each site learned (from the saved model)."""
     from safetensors.torch import load_file
 
+    if not (folder / "model.safetensors").is_file():  # a run copied from an earlier report
+        return {}
     state = load_file(str(folder / "model.safetensors"))
     sites = {"input": "features.weighting.scalar_mix.", "output": "output_weighting.scalar_mix."}
     weights = {}
@@ -133,11 +136,12 @@ def report(args: argparse.Namespace, runs: list[Run], results: dict[Run, dict]) 
                 "dev": summary([results[r]["dev"] for r in done]),
                 "seeds": [r.seed for r in done],
             }
-            per_run = [layer_weights(r.folder(args.out)) for r in done]
-            weights[task, variant] = {
-                site: [sum(w[site][j] for w in per_run) / len(per_run) for j in range(len(per_run[0][site]))]
-                for site in per_run[0]
-            }
+            per_run = [w for w in (layer_weights(r.folder(args.out)) for r in done) if w]
+            if per_run:
+                weights[task, variant] = {
+                    site: [statistics.fmean(layer) for layer in zip(*(w[site] for w in per_run))]
+                    for site in per_run[0]
+                }
 
     def cell(task: str, variant: str) -> str:
         c = cells.get((task, variant))

@@ -302,3 +302,34 @@ def test_probe_wsd_command_prints_the_table_and_writes_json(tmp_path, capsys):
     assert _error(capsys) == (
         f"elmokit: error: {f['train_key']}: line 1: expected 'INSTANCE_ID SENSE_KEY ...', got 'd0.s0.t2'"
     )
+
+
+def test_the_plot_draws_a_run_and_saved_records(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    label = lambda token, rng: "N" if token in ("the", "cat") else "V"  # noqa: E731
+    train = _write_conll(tmp_path / "train.txt", _sentences(12, 3, label))
+    test = _write_conll(tmp_path / "test.txt", _sentences(6, 4, label))
+    argv = ["probe", "--model", MODEL, "--train", train, "--test", test, "--column", "1", "--seeds", "2"]
+    argv += ["--layers", "0,1,mix", "--json", str(tmp_path / "a.json"), "--plot", str(tmp_path / "a.png")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    one = matplotlib.image.imread(tmp_path / "a.png")
+    # two saved records side by side: a figure twice as wide as one panel's
+    out = tmp_path / "both.png"
+    assert main(["probe", "plot", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    two = matplotlib.image.imread(out)
+    assert two.shape[0] == one.shape[0] and two.shape[1] == 2 * one.shape[1]
+    # the output rule, and records that are not the probe's
+    assert main(["probe", "plot", str(tmp_path / "a.json"), "--out", str(out)]) == 2
+    assert _error(capsys).endswith("exists; pass overwrite=True (--overwrite) to replace it")
+    (tmp_path / "other.json").write_text('{"model": "x"}')
+    assert main(["probe", "plot", str(tmp_path / "other.json"), "--out", str(tmp_path / "c.png")]) == 2
+    assert "is not a record written by elmokit probe --json" in _error(capsys)
+    assert main(["probe", "plot", train, "--out", str(tmp_path / "c.png")]) == 2
+    assert "is not JSON" in _error(capsys)
+    assert main(["probe", "plot", str(tmp_path / "a.json"), "--titles", "x,y", "--out", str(tmp_path / "c.png")]) == 2
+    assert _error(capsys) == "elmokit: error: 2 titles for 1 probe records"
+    assert not (tmp_path / "c.png").exists()

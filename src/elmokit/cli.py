@@ -756,8 +756,15 @@ def probe_command(args: argparse.Namespace) -> int:
     if args.train is None or args.test is None or args.column is None:
         raise ValueError("probe needs --train, --test and --column (or: elmokit probe wsd ...)")
     inputs = [f for f in (args.train, args.dev, args.test) if f is not None]
-    if args.json is not None:
-        check_output(args.json, args.overwrite, inputs)
+    for out in (args.json, args.plot):
+        if out is not None:
+            check_output(out, args.overwrite, inputs)
+    if (
+        args.json is not None
+        and args.plot is not None
+        and Path(args.json).resolve() == Path(args.plot).resolve()
+    ):
+        raise ValueError(f"--json and --plot name the same file: {args.json}")
     result, record = probe_files(
         args.model,
         args.train,
@@ -772,6 +779,31 @@ def probe_command(args: argparse.Namespace) -> int:
     print(result.table())
     if args.json is not None:
         write_json(args.json, record, overwrite=args.overwrite)
+    if args.plot is not None:
+        from .probe.plot import plot_probes
+
+        plot_probes([record], args.plot, overwrite=args.overwrite)
+    return 0
+
+
+def probe_plot_command(args: argparse.Namespace) -> int:
+    """Draw saved probe records (``elmokit probe --json``) into one PNG."""
+    from .atomic import check_output
+    from .probe.plot import plot_probes
+
+    check_output(args.out, args.overwrite, args.records)
+    records = []
+    for path in args.records:
+        try:
+            record = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not JSON: {err}") from None
+        if not isinstance(record, dict) or not {"layers", "metric"} <= record.keys():
+            raise ValueError(f"{path} is not a record written by elmokit probe --json")
+        records.append(record)
+    titles = None if args.titles is None else [t.strip() for t in args.titles.split(",")]
+    plot_probes(records, args.out, titles, overwrite=args.overwrite)
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -1026,9 +1058,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", default="0,1,2,average,mix", help="default: 0,1,2,average,mix")
     p.add_argument("--max-sentences", type=_ranged(int, low=1), help="the first N training sentences")
     p.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--plot", metavar="PNG", help="draw the scores per layer (needs matplotlib)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT or PNG if it exists")
     p.set_defaults(func=probe_command)
-    wsd = p.add_subparsers(dest="probe_task", required=False, metavar="wsd").add_parser(
+    probe_tasks = p.add_subparsers(dest="probe_task", required=False, metavar="wsd|plot")
+    plot = probe_tasks.add_parser(
+        "plot",
+        help="draw saved probe results (--json files), one panel each, into one PNG",
+        description="Draw the records written by `elmokit probe --json`: one panel per file, a bar "
+        "per layer (the mean test score) with a line from the lowest to the highest seed.",
+    )
+    plot.add_argument("records", nargs="+", metavar="JSON", help="files written by elmokit probe --json")
+    plot.add_argument("--out", required=True, metavar="PNG", help="the figure to write")
+    plot.add_argument("--titles", help="the panels' titles, comma-separated (default: data folder, column)")
+    plot.add_argument("--overwrite", action="store_true", help="replace PNG if it exists")
+    plot.set_defaults(func=probe_plot_command)
+    wsd = probe_tasks.add_parser(
         "wsd",
         help="word senses by 1-nearest-neighbour per layer (the unified WSD framework's XML + gold keys)",
         description="A sense's vector is the mean of its training occurrences' vectors; a test word "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .._console import command_context
 from ..hub import DEFAULT_MODEL
-from .models import ModelConfig
+from .models import ELMO_SITES, ELMO_WEIGHTINGS, ModelConfig
 from .train import TASKS, TaskConfig, run_task
 
 __all__ = ["add_task_parser", "main", "task_command"]
@@ -96,6 +96,30 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
         "--elmo-layer-norm", action="store_true", help="layer-normalise the biLM layers in the mix"
     )
     p.add_argument(
+        "--elmo-at",
+        choices=ELMO_SITES,
+        default=model.elmo_at,
+        help="where ELMo enters the task BiLSTM: its input (beside the token features), its output "
+        "(beside its states, before the output layer) or both, each with its own layer weights "
+        f"(default {model.elmo_at})",
+    )
+    p.add_argument(
+        "--layers",
+        choices=ELMO_WEIGHTINGS,
+        default=model.elmo_weighting,
+        help="how the biLM layers are weighted: mix (learned softmax weights and scale), average "
+        f"(equal weights, learned scale) or top (the top layer alone) (default {model.elmo_weighting})",
+    )
+    p.add_argument(
+        "--mix-l2",
+        type=float,
+        default=model.mix_l2,
+        metavar="LAMBDA",
+        help="with --layers mix: add LAMBDA * sum(s_j^2) of the raw layer weights to the loss; large "
+        "values pull the mix to an average (the paper's lambda: 1 or 0.001) "
+        f"(default {model.mix_l2:g})",
+    )
+    p.add_argument(
         "--cache-dir", help="where the biLM layers are cached (default ~/.cache/elmokit/task-layers)"
     )
     p.add_argument("--elmo-batch-size", type=int, default=defaults.elmo_batch_size)
@@ -119,6 +143,9 @@ def config_from_args(args: argparse.Namespace) -> TaskConfig:
         lstm_layers=args.lstm_layers,
         dropout=args.dropout,
         elmo_layer_norm=args.elmo_layer_norm,
+        elmo_at=args.elmo_at,
+        elmo_weighting=args.layers,
+        mix_l2=args.mix_l2,
     )
     return TaskConfig(
         task=args.task,

@@ -2,9 +2,17 @@
 word embeddings, a character CNN and ELMo.
 
 ELMo comes in two ways: from precomputed biLM layers (``Batch.elmo_layers``, (num_layers, batch,
-timesteps, dim)) mixed by the model's own ``ScalarMix`` (the biLM is frozen and never run during
-training), or from an ``Elmo`` module run on character ids (``Batch.elmo_char_ids``), which can
-fine-tune the biLM.
+timesteps, dim)) weighted by the model's own layer weighting (the biLM is frozen and never run
+during training), or from an ``Elmo`` module run on character ids (``Batch.elmo_char_ids``), which
+can fine-tune the biLM.
+
+Where ELMo enters (the paper's section 5.2, ``ModelConfig.elmo_at``): at the input of the task
+BiLSTM (concatenated to the token features), at its output (concatenated to the BiLSTM's states
+before the output layer; the classifier pools them together), or both, each site with its own
+weighting. How the layers are weighted (section 5.1, ``ModelConfig.elmo_weighting``): ``mix``, the
+learned softmax-normalised scalar mix times gamma, whose raw weights s are pulled to 0 (towards an
+average) by ``mix_l2 * sum_j s_j^2`` added to the loss (bilm-tf's ``l2_coef``); ``average``, fixed
+equal weights times a learned gamma; ``top``, the top layer alone.
 """
 
 from __future__ import annotations
@@ -19,15 +27,29 @@ from ..elmo import Elmo
 from ..scalar_mix import ScalarMix
 from .crf import ConditionalRandomField
 
-__all__ = ["Batch", "CharCNN", "Classifier", "ModelConfig", "Tagger", "TokenFeatures"]
+__all__ = [
+    "ELMO_SITES",
+    "ELMO_WEIGHTINGS",
+    "Batch",
+    "CharCNN",
+    "Classifier",
+    "LayerWeighting",
+    "ModelConfig",
+    "Tagger",
+    "TokenFeatures",
+]
 
+ELMO_SITES = ("input", "output", "both")
+ELMO_WEIGHTINGS = ("mix", "average", "top")
 N_CHAR_IDS = 261  # shifted char ids 1..260 (bytes, word/sentence markers); 0 = padding and PAD chars
 
 
 @dataclass
 class ModelConfig:
     """Sizes of a task model. ``word_dim`` or ``char_filters`` 0 turns that input off;
-    ``elmo_layers``/``elmo_dim`` are set from the biLM when ELMo is used."""
+    ``elmo_layers``/``elmo_dim`` are set from the biLM when ELMo is used; ``elmo_at`` says where
+    ELMo enters the BiLSTM and ``elmo_weighting``/``mix_l2`` how its layers are weighted (module
+    docstring)."""
 
     word_dim: int = 100
     char_dim: int = 16
@@ -40,6 +62,30 @@ class ModelConfig:
     elmo_dim: int = 0
     elmo_layer_norm: bool = False
     fine_tune_elmo: bool = False
+    elmo_at: str = "input"
+    elmo_weighting: str = "mix"
+    mix_l2: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.elmo_at not in ELMO_SITES:
+            raise ValueError(f"elmo_at must be one of {', '.join(ELMO_SITES)}, got {self.elmo_at!r}")
+        if self.elmo_weighting not in ELMO_WEIGHTINGS:
+            raise ValueError(
+                f"elmo_weighting must be one of {', '.join(ELMO_WEIGHTINGS)}, got {self.elmo_weighting!r}"
+            )
+        if not self.mix_l2 >= 0.0:
+            raise ValueError(f"mix_l2 must be at least 0, got {self.mix_l2}")
+        if self.mix_l2 > 0.0 and self.elmo_weighting != "mix":
+            raise ValueError(f"mix_l2 applies to the 'mix' weighting, not {self.elmo_weighting!r}")
+        if self.elmo_layer_norm and self.elmo_weighting == "top":
+            raise ValueError("elmo_layer_norm applies to a mix of layers, not to the top layer alone")
+
+    @property
+    def elmo_sites(self) -> int:
+        """How many places ELMo enters the model (0 without ELMo)."""
+        if not (self.elmo_layers > 0 or self.fine_tune_elmo):
+            return 0
+        return 2 if self.elmo_at == "both" else 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,6 +128,27 @@ class CharCNN(nn.Module):
         return x.max(dim=2).values.view(b, t, -1)
 
 
+class LayerWeighting(nn.Module):
+    """One site's weighting of the frozen biLM layers: (num_layers, B, T, D) -> (B, T, D).
+
+    ``mix``: a ``ScalarMix`` (learned s and gamma); ``average``: a ``ScalarMix`` whose s is fixed
+    at 0 (equal weights) with a learned gamma; ``top``: the top layer as it is (no parameters)."""
+
+    def __init__(self, num_layers: int, weighting: str, layer_norm: bool = False) -> None:
+        super().__init__()
+        self.weighting = weighting
+        self.scalar_mix = None
+        if weighting != "top":
+            self.scalar_mix = ScalarMix(
+                num_layers, do_layer_norm=layer_norm, trainable=weighting == "mix"
+            )
+
+    def forward(self, layers: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.scalar_mix is None:
+            return layers[-1]
+        return self.scalar_mix(layers, mask)
+
+
 class TokenFeatures(nn.Module):
     """[word embedding; char CNN; ELMo] for every token, with dropout."""
 
@@ -101,32 +168,41 @@ class TokenFeatures(nn.Module):
         if config.char_filters > 0:
             self.chars = CharCNN(config.char_dim, config.char_filters, config.char_width)
             dim += self.chars.output_dim
-        self.scalar_mix = None
+        self.weighting: LayerWeighting | None = None
         self.elmo = elmo
+        self.elmo_input = config.elmo_sites > 0 and config.elmo_at in ("input", "both")
         if config.fine_tune_elmo:
             if elmo is None:
                 raise ValueError("fine_tune_elmo needs an Elmo module")
-            dim += elmo.output_dim
-        elif config.elmo_layers > 0:
-            self.scalar_mix = ScalarMix(config.elmo_layers, do_layer_norm=config.elmo_layer_norm)
+            if self.elmo_input:
+                dim += elmo.output_dim
+        elif self.elmo_input:
+            self.weighting = LayerWeighting(
+                config.elmo_layers, config.elmo_weighting, config.elmo_layer_norm
+            )
             dim += config.elmo_dim
         if dim == 0:
             raise ValueError("the model has no input: enable word embeddings, char features or ELMo")
         self.dropout = nn.Dropout(config.dropout)
         self.output_dim = dim
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """-> the token features (B, T, output_dim) with dropout, and the fine-tuned ``Elmo``'s
+        representations (each (B, T, dim); empty without one), whose first is used here when
+        ELMo enters at the input."""
         parts = []
         if self.words is not None:
             parts.append(self.words(batch.words))
         if self.chars is not None:
             parts.append(self.chars(batch.chars))
+        representations: list[torch.Tensor] = []
         if self.elmo is not None:
-            out = self.elmo(batch.elmo_char_ids)
-            parts.append(out.representations[0])
-        elif self.scalar_mix is not None:
-            parts.append(self.scalar_mix(batch.elmo_layers, batch.mask))
-        return self.dropout(torch.cat(parts, dim=-1))
+            representations = list(self.elmo(batch.elmo_char_ids).representations)
+            if self.elmo_input:
+                parts.append(representations[0])
+        elif self.weighting is not None:
+            parts.append(self.weighting(batch.elmo_layers, batch.mask))
+        return self.dropout(torch.cat(parts, dim=-1)), representations
 
 
 class _Encoder(nn.Module):
@@ -142,15 +218,39 @@ class _Encoder(nn.Module):
             dropout=config.dropout if config.lstm_layers > 1 else 0.0,
         )
         self.dropout = nn.Dropout(config.dropout)
+        self.elmo_output = config.elmo_sites > 0 and config.elmo_at in ("output", "both")
+        self.output_weighting: LayerWeighting | None = None
+        if self.elmo_output and not config.fine_tune_elmo:
+            self.output_weighting = LayerWeighting(
+                config.elmo_layers, config.elmo_weighting, config.elmo_layer_norm
+            )
+        self.encoded_dim = 2 * config.hidden + (config.elmo_dim if self.elmo_output else 0)
 
     def encode(self, batch: Batch) -> torch.Tensor:
-        """(B, T, 2 * hidden), zeros at padding."""
-        x = self.features(batch)
+        """(B, T, encoded_dim): the BiLSTM's states, with ELMo beside them when it enters at the
+        output; zeros at padding."""
+        x, representations = self.features(batch)
         lengths = batch.lengths.cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        if self.elmo_output:
+            if representations:
+                elmo = representations[-1]
+            else:
+                assert self.output_weighting is not None
+                elmo = self.output_weighting(batch.elmo_layers, batch.mask)
+            out = torch.cat([out, elmo * batch.mask.unsqueeze(-1)], dim=-1)
         return self.dropout(out)
+
+    def add_weighting_penalty(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss + mix_l2 * sum_j s_j^2`` over every site's learned layer mix (``loss`` itself
+        when ``mix_l2`` is 0)."""
+        coef = self.features.config.mix_l2
+        for site in (self.features.weighting, self.output_weighting):
+            if coef > 0.0 and site is not None and site.scalar_mix is not None:
+                loss = loss + coef * site.scalar_mix.l2_penalty()
+        return loss
 
 
 class Tagger(_Encoder):
@@ -165,15 +265,16 @@ class Tagger(_Encoder):
         elmo: Elmo | None = None,
     ) -> None:
         super().__init__(config, n_words, elmo)
-        self.output = nn.Linear(2 * config.hidden, n_tags)
+        self.output = nn.Linear(self.encoded_dim, n_tags)
         self.crf = ConditionalRandomField(n_tags, constraints)
 
     def emissions(self, batch: Batch) -> torch.Tensor:
         return self.output(self.encode(batch))
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        """Mean negative log-likelihood per sentence."""
-        return -self.crf(self.emissions(batch), batch.targets, batch.mask).mean()
+        """Mean negative log-likelihood per sentence, plus the layer weighting's penalty."""
+        nll = -self.crf(self.emissions(batch), batch.targets, batch.mask).mean()
+        return self.add_weighting_penalty(nll)
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> list[list[int]]:
@@ -185,7 +286,7 @@ class Classifier(_Encoder):
 
     def __init__(self, config: ModelConfig, n_words: int, n_labels: int, elmo: Elmo | None = None) -> None:
         super().__init__(config, n_words, elmo)
-        self.output = nn.Linear(4 * config.hidden, n_labels)
+        self.output = nn.Linear(2 * self.encoded_dim, n_labels)
 
     def logits(self, batch: Batch) -> torch.Tensor:
         h = self.encode(batch)
@@ -197,7 +298,7 @@ class Classifier(_Encoder):
     def loss(self, batch: Batch) -> torch.Tensor:
         if batch.targets is None:
             raise ValueError("a batch without targets has no loss")
-        return nn.functional.cross_entropy(self.logits(batch), batch.targets)
+        return self.add_weighting_penalty(nn.functional.cross_entropy(self.logits(batch), batch.targets))
 
     @torch.no_grad()
     def predict(self, batch: Batch) -> list[int]:

@@ -51,7 +51,7 @@ __all__ = ["TASKS", "TaskConfig", "TrainedTask", "cache_layers", "entity_scores"
 
 logger = logging.getLogger(__name__)
 
-MODEL_FORMAT = "elmokit-task-model-v1"
+MODEL_FORMAT = "elmokit-task-model-v2"
 
 TASKS = ("ner", "pos", "sentiment")
 METRICS = {"ner": "f1", "pos": "accuracy", "sentiment": "accuracy"}
@@ -105,6 +105,15 @@ class TaskConfig:
             raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if self.fine_tune_elmo and self.elmo is None:
             raise ValueError("--fine-tune-elmo needs ELMo (drop --no-elmo)")
+        if self.elmo is None and (
+            self.model.elmo_at != "input" or self.model.elmo_weighting != "mix" or self.model.mix_l2 > 0.0
+        ):
+            raise ValueError("--elmo-at, --layers and --mix-l2 need ELMo (drop --no-elmo)")
+        if self.fine_tune_elmo and (self.model.elmo_weighting != "mix" or self.model.mix_l2 > 0.0):
+            raise ValueError(
+                "--fine-tune-elmo uses the Elmo module's own scalar mixes: --layers and --mix-l2 "
+                "apply to the frozen biLM's cached layers only"
+            )
         for name in ("rounds", "patience", "round_updates", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -316,15 +325,15 @@ def build_model(
         if elmo_model is None:
             raise ValueError("fine_tune_elmo needs an ELMo model; elmo is None")
         bilm = BiLM.load(*model_files(elmo_model))
+        config.model.elmo_layers, config.model.elmo_dim = bilm.num_layers, bilm.output_dim
+        config.model.fine_tune_elmo = True
         elmo = Elmo(
             bilm=bilm,
-            num_output_representations=1,
+            num_output_representations=config.model.elmo_sites,  # one mix per place ELMo enters
             dropout=0.0,  # the task model applies its own dropout to all its inputs
             requires_grad=True,
             do_layer_norm=config.model.elmo_layer_norm,
         )
-        config.model.elmo_layers, config.model.elmo_dim = bilm.num_layers, bilm.output_dim
-        config.model.fine_tune_elmo = True
     if config.task in ("ner", "pos"):
         constraints = bioes_constraints(labels) if config.task == "ner" else None
         return Tagger(config.model, n_words, len(labels), constraints, elmo)

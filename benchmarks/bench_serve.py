@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 from bench_embed import read_pool
-from common import LM1B_SHARDS, thread_env
+from common import LM1B_SHARDS, _process_jiffies, thread_env
 
 import elmokit
 from elmokit.options import preset
@@ -153,6 +153,20 @@ def batch_figures(port: int) -> dict[str, float]:
         "sentences": value("elmokit_batch_sentences_sum"),
         "seconds": value("elmokit_batch_seconds_sum"),
     }
+
+
+def http_stack() -> str:
+    """uvicorn's event loop and HTTP parser in this environment (the server's: it inherits it):
+    uvloop and httptools where installed (the serve extra), else asyncio and h11."""
+    import importlib.util
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"{loop} + {'httptools' if importlib.util.find_spec('httptools') else 'h11'}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used so far."""
+    return _process_jiffies(pid) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -353,13 +367,18 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     machine = f"{cpu_model()}, {os.cpu_count()} CPUs"
-    print(f"machine: {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    print(
+        f"machine: {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"server HTTP: {http_stack()}",
+        flush=True,
+    )
     report: dict[str, Any] = {
         "machine": machine,
         "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
         "load_average_start": os.getloadavg(),
         "server_threads": args.server_threads or args.threads,
         "server_workers": args.workers,
+        "server_http": http_stack(),
         "command": command,
         "shape": args.shape,
         "threads": args.threads,
@@ -383,7 +402,12 @@ def main(argv: list[str] | None = None) -> None:
             report["server_rss_after_start_mb"] = rss_mb(process.pid)
             asyncio.run(drive(port, sentences, pooled, args.clients, 4 * args.clients, 0.0, {}))  # warm-up
             before = batch_figures(port)
+            server_cpu, client_cpu = cpu_seconds(process.pid), time.process_time()
             run = asyncio.run(drive(port, sentences, pooled, args.clients, args.requests, args.malformed, {}))
+            # CPU per request of each side: the clients share the cores with the server here
+            server_cpu, client_cpu = cpu_seconds(process.pid) - server_cpu, time.process_time() - client_cpu
+            run["client_cpu_ms_per_request"] = 1000 * client_cpu / run["requests"]
+            run["server_cpu_ms_per_request"] = 1000 * server_cpu / run["requests"]
             after = batch_figures(port)
             batches = {k: after[k] - before[k] for k in after}
             run["batches"] = batches["count"]
@@ -409,6 +433,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"  batches (one worker's /metrics): {run['batches']:.0f}, {run['mean_batch_sentences']:.1f} "
                 f"sentences on average; model time {run['model_seconds']:.1f} s of {run['seconds']:.1f} s, "
                 f"{run['sentences_per_model_second']:,.1f} sentences per second of model time",
+                flush=True,
+            )
+            print(
+                f"  CPU per request: server {run['server_cpu_ms_per_request']:.2f} ms (model and HTTP), "
+                f"clients {run['client_cpu_ms_per_request']:.2f} ms, on the same cores",
                 flush=True,
             )
             for error in run["first_errors"]:

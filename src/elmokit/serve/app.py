@@ -408,16 +408,18 @@ def serve(
 
 def _log_http_stack() -> None:
     """Say which event loop and HTTP parser uvicorn will use ("auto": uvloop and httptools when
-    installed, as the serve extra does); warn when it falls back to asyncio and h11, which take
+    installed, as the serve extra does); warn when it falls back to asyncio or h11, which take
     more CPU per request, so that under load the batches stay smaller and throughput lower."""
     import importlib.util
 
-    missing = [name for name in ("uvloop", "httptools") if importlib.util.find_spec(name) is None]
+    fallbacks = {"uvloop": "asyncio", "httptools": "h11"}
+    missing = [name for name in fallbacks if importlib.util.find_spec(name) is None]
     if missing:
         log.warning(
-            "%s not installed: uvicorn runs on asyncio and h11, which are slower under load "
+            "%s not installed: uvicorn runs on %s, which is slower under load "
             "(pip install 'elmokit[serve]' brings uvloop and httptools)",
             " and ".join(missing),
+            " and ".join(fallbacks[name] for name in missing),
         )
     else:
         log.info("HTTP: uvloop and httptools")

@@ -8,13 +8,15 @@
 With random weights in a preset shape (written to a temporary model folder), measures:
 - offline: ``Embedder.embed_sentences`` at batch 64 over the sentences, and one sentence per
   ``embed_sentence`` call (the first ``--one-per-call`` sentences), in this process with
-  ``--threads`` torch threads;
+  ``--threads`` torch threads, after a warm-up pass over all of them;
 - the server: ``elmokit serve`` started as a subprocess with the same threads
   (OMP_NUM_THREADS and ``--threads``), driven over loopback by ``--clients`` concurrent clients
   (asyncio, one keep-alive HTTP/1.1 connection each), one sentence per ``POST /v1/embeddings``
-  request. ``--malformed`` of the requests are bad (malformed JSON, wrong types, empty input,
-  non-UTF-8, too many tokens) and must be answered 4xx; every good one must be 200 with the
-  vector of the offline run (mean over tokens of the layers' average, within 1e-4).
+  request, after a warm-up pass over all of them (so both sides run with the sentences' tokens
+  in the token cache, the steady state of a server). ``--malformed`` of the requests are bad
+  (malformed JSON, wrong types, empty input, non-UTF-8, too many tokens) and must be answered
+  4xx; every good one must be 200 with the vector of the offline run (mean over tokens of the
+  layers' average, within 1e-4).
 
 Prints throughput (good requests/s and tokens/s), p50/p99 latency of good requests, errors
 (a good request not answered correctly, a bad one not 4xx, a connection error), the ratios to
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 from bench_embed import read_pool
-from common import LM1B_SHARDS, thread_env
+from common import LM1B_SHARDS, _process_jiffies, thread_env
 
 import elmokit
 from elmokit.options import preset
@@ -61,7 +63,9 @@ def offline(model_dir: Path, sentences: list[str], device: str, one_per_call: in
     """Sentences/s of the Embedder at batch 64 and one sentence per call; the pooled vectors."""
     embedder = elmokit.Embedder(str(model_dir), batch_size=64, device=device)
     tokens = [s.split() for s in sentences]
-    list(embedder.embed_sentences(tokens[:128]))  # warm-up
+    # warm-up over every sentence: the token cache then holds their tokens, as the server's does
+    # after its warm-up pass (a cold cache adds the character CNN of every new token)
+    list(embedder.embed_sentences(tokens))
     start = time.perf_counter()
     arrays = list(embedder.embed_sentences(tokens))
     batch_seconds = time.perf_counter() - start
@@ -153,6 +157,20 @@ def batch_figures(port: int) -> dict[str, float]:
         "sentences": value("elmokit_batch_sentences_sum"),
         "seconds": value("elmokit_batch_seconds_sum"),
     }
+
+
+def http_stack() -> str:
+    """uvicorn's event loop and HTTP parser in this environment (the server's: it inherits it):
+    uvloop and httptools where installed (the serve extra), else asyncio and h11."""
+    import importlib.util
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"{loop} + {'httptools' if importlib.util.find_spec('httptools') else 'h11'}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used so far."""
+    return _process_jiffies(pid) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -353,13 +371,18 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     machine = f"{cpu_model()}, {os.cpu_count()} CPUs"
-    print(f"machine: {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    print(
+        f"machine: {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"server HTTP: {http_stack()}",
+        flush=True,
+    )
     report: dict[str, Any] = {
         "machine": machine,
         "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
         "load_average_start": os.getloadavg(),
         "server_threads": args.server_threads or args.threads,
         "server_workers": args.workers,
+        "server_http": http_stack(),
         "command": command,
         "shape": args.shape,
         "threads": args.threads,
@@ -381,9 +404,16 @@ def main(argv: list[str] | None = None) -> None:
         process, port, lines = start_server(args, model_dir)
         try:
             report["server_rss_after_start_mb"] = rss_mb(process.pid)
-            asyncio.run(drive(port, sentences, pooled, args.clients, 4 * args.clients, 0.0, {}))  # warm-up
+            # warm-up over every sentence (its tokens cached, as in the offline runs)
+            warm_up = max(4 * args.clients, len(sentences))
+            asyncio.run(drive(port, sentences, pooled, args.clients, warm_up, 0.0, {}))
             before = batch_figures(port)
+            server_cpu, client_cpu = cpu_seconds(process.pid), time.process_time()
             run = asyncio.run(drive(port, sentences, pooled, args.clients, args.requests, args.malformed, {}))
+            # CPU per request of each side: the clients share the cores with the server here
+            server_cpu, client_cpu = cpu_seconds(process.pid) - server_cpu, time.process_time() - client_cpu
+            run["client_cpu_ms_per_request"] = 1000 * client_cpu / run["requests"]
+            run["server_cpu_ms_per_request"] = 1000 * server_cpu / run["requests"]
             after = batch_figures(port)
             batches = {k: after[k] - before[k] for k in after}
             run["batches"] = batches["count"]
@@ -409,6 +439,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"  batches (one worker's /metrics): {run['batches']:.0f}, {run['mean_batch_sentences']:.1f} "
                 f"sentences on average; model time {run['model_seconds']:.1f} s of {run['seconds']:.1f} s, "
                 f"{run['sentences_per_model_second']:,.1f} sentences per second of model time",
+                flush=True,
+            )
+            print(
+                f"  CPU per request: server {run['server_cpu_ms_per_request']:.2f} ms (model and HTTP), "
+                f"clients {run['client_cpu_ms_per_request']:.2f} ms, on the same cores",
                 flush=True,
             )
             for error in run["first_errors"]:

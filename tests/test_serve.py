@@ -817,3 +817,33 @@ def test_a_request_that_breaks_the_model_fails_alone(tiny, reference):
             answer.json()["data"][0]["embedding"], _pooled(reference.embed_sentence(text.split())), atol=1e-5
         )
     assert [len(c) for c in exploding.calls] == [1, 3, 1, 1, 1, 1]  # the batch of 3, then each alone
+
+
+def test_the_server_says_which_http_stack_it_runs_on(monkeypatch, caplog):
+    import importlib.util
+
+    from elmokit.serve import app as serve_app
+
+    for absent, message in [
+        ({"uvloop"}, "uvloop not installed: uvicorn runs on asyncio, which"),
+        (
+            {"uvloop", "httptools"},
+            "uvloop and httptools not installed: uvicorn runs on asyncio and h11, which",
+        ),
+    ]:
+        caplog.clear()
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a, absent=absent: None if name in absent else object()
+        )
+        with caplog.at_level("INFO", logger="elmokit.serve.app"):
+            serve_app._log_http_stack()
+        [record] = caplog.records
+        assert record.levelname == "WARNING"
+        assert record.getMessage().startswith(message)
+        assert "pip install 'elmokit[serve]'" in record.getMessage()
+
+    caplog.clear()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    with caplog.at_level("INFO", logger="elmokit.serve.app"):
+        serve_app._log_http_stack()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", "HTTP: uvloop and httptools")]

@@ -372,6 +372,7 @@ def serve(
         "lifespan": "on",
     }
     bound = sock.getsockname()[1]
+    _log_http_stack()
     stopped_by: list[int] = []
     replayed = _note_signals(stopped_by)
     try:
@@ -403,6 +404,25 @@ def serve(
             signal.signal(signum, handler)
     if stopped_by:
         log.info("stopped by %s after answering the requests in flight", signal.Signals(stopped_by[0]).name)
+
+
+def _log_http_stack() -> None:
+    """Say which event loop and HTTP parser uvicorn will use ("auto": uvloop and httptools when
+    installed, as the serve extra does); warn when it falls back to asyncio or h11, which take
+    more CPU per request, so that under load the batches stay smaller and throughput lower."""
+    import importlib.util
+
+    fallbacks = {"uvloop": "asyncio", "httptools": "h11"}
+    missing = [name for name in fallbacks if importlib.util.find_spec(name) is None]
+    if missing:
+        log.warning(
+            "%s not installed: uvicorn runs on %s, which is slower under load "
+            "(pip install 'elmokit[serve]' brings uvloop and httptools)",
+            " and ".join(missing),
+            " and ".join(fallbacks[name] for name in missing),
+        )
+    else:
+        log.info("HTTP: uvloop and httptools")
 
 
 def _note_signals(stopped_by: list[int]) -> dict[int, Any]:

@@ -742,7 +742,15 @@ def serve_command(args: argparse.Namespace) -> int:
     level = server_log.level
     server_log.setLevel(logging.INFO)
     try:
-        serve(config, args.host, args.port, api_key, workers=args.workers, drain_seconds=args.drain_seconds)
+        serve(
+            config,
+            args.host,
+            args.port,
+            api_key,
+            workers=args.workers,
+            drain_seconds=args.drain_seconds,
+            worker_factory="elmokit._console:serve_worker_app",  # sets up logging in each worker
+        )
     finally:
         server_log.setLevel(level)
     return 0

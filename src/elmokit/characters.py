@@ -89,7 +89,7 @@ def tokens_to_ids(tokens: Sequence[str], max_chars: int = MAX_CHARACTERS_PER_TOK
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     ids[rows, np.arange(len(chars)) - starts + 1] = chars.astype(np.int64) + 1
     ids[np.arange(n), lengths + 1] = END_OF_WORD_CHAR + 1
-    for i in np.flatnonzero(lengths <= len(EOS_TOKEN)):  # the empty token and <S>, </S>
+    for i in np.flatnonzero(lengths <= len(EOS_TOKEN)).tolist():  # the empty token, <S>, </S>
         token = tokens[i]
         if token == "":
             raise ValueError("empty token: every token must have at least one character")

@@ -250,7 +250,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             sentences = inputs.sentences(data.get("sentences"), "sentences")
 
             def compute() -> list[dict]:
-                scores = score_sentences(model.language_model, model.vocab, sentences)
+                scores = score_sentences(model.language_model, sentences)
                 return [{"sentence": s.tokens, **s.to_dict(per_token, digits=6)} for s in scores]
 
             return {"model": model.name, "results": await batcher.call(compute, request)}
@@ -268,7 +268,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             position = integer(data, "position", None, 0, len(tokens) - 1)
             k = integer(data, "k", 10, 1, MAX_K)
             found = await batcher.call(
-                lambda: predict(model.language_model, model.vocab, tokens, position, k=k), request
+                lambda: predict(model.language_model, tokens, position, k=k), request
             )
             return {"model": model.name, **found.to_dict()}
 

@@ -525,3 +525,18 @@ def test_the_hdf5_free_list_switch_turns_the_tuning_off(bilm, tmp_path, monkeypa
         assert _hdf5_tuning.apply() is False
     assert calls == [1]
     assert (tmp_path / "on.hdf5").read_bytes() == (tmp_path / "off.hdf5").read_bytes()
+
+
+def test_embedder_vectors_are_the_models_own_bit_for_bit(bilm, sentences, monkeypatch):
+    """The Embedder runs the model's forward (its token cache included), so a batch's vectors
+    equal ``bilm(batch_to_ids(batch))``'s exactly, cached or not."""
+    embedder = Embedder(bilm, mode="zero", batch_size=8)
+    monkeypatch.setattr(bilm.token_encoder, "cache_min_tokens", 1)  # the cache serves this batch too
+    batch = sentences[:8]
+    for _ in range(2):  # the second time from the model's token cache
+        arrays = embedder.embed_batch(batch)
+        with torch.no_grad():
+            layers = bilm(batch_to_ids(batch), "zero").layers.numpy()
+        for i, array in enumerate(arrays):
+            assert np.array_equal(array, layers[:, i, : len(batch[i])])
+    assert bilm.token_encoder.cache_stats[0] > 0

@@ -92,7 +92,9 @@ class Embedder:
     float32 is the default; "int8" (with ``backend`` "onnxruntime") runs the exported graph
     with int8 matmuls (opt-in, approximate: docs/export.md). A BiLM passed in is never changed:
     when it is on another device or dtype the Embedder runs a copy, and it runs in eval mode only
-    for the duration of a batch.
+    for the duration of a batch. Each batch runs the model's own forward, so its token encodings
+    come through the model's one token cache (``bilm.token_encoder.cache_size``, the kernel
+    ``token_cache``) and its vectors equal ``bilm(bilm.batch_to_ids(batch))``'s bit for bit.
     ``mode`` None (default) is "warm", which starts from zeros for a model without a start state;
     asking for "warm" explicitly of such a model gives a UserWarning. ``device`` None is cuda
     when there is a GPU, else the model's device; a device this machine lacks is a ValueError.

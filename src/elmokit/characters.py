@@ -70,7 +70,7 @@ def tokens_to_ids(tokens: Sequence[str], max_chars: int = MAX_CHARACTERS_PER_TOK
     """Shifted character ids of a token list: LongTensor (n_tokens, max_chars), values 1..261:
     ``token_to_ids`` + 1 of each token.
 
-    Built with array operations from the tokens' joined bytes, so a batch's ids cost about a
+    Built with array operations from the tokens' joined bytes, so a batch's ids cost well under a
     microsecond a token and no cache of recent tokens' ids is worth keeping
     (docs/benchmarks/kernels.md, "One token cache")."""
     if max_chars < 3:

@@ -2,7 +2,7 @@
 
     git worktree add ../elmokit-before 1215ffd      # the version to compare with
     python benchmarks/bench_before_after.py --before ../elmokit-before/src \\
-        --sentences FILE [--batch-sizes 1,64] [--n-sentences 256] [--rounds 7] \\
+        --sentences FILE [--batch-sizes 1,64] [--n-sentences 256] [--rounds 7] [--shipped] \\
         [--train GLOB [--vocab FILE] [--train-steps 20]] [--shape small] [--threads 2] [--json OUT]
 
 The package under ``--before`` (a ``src`` folder holding ``elmokit/``) is copied to a temporary
@@ -17,6 +17,14 @@ token cache emptied before the pass), in alternating order (before first in odd 
 median tokens/s of each and the median of the per-round ratios after/before, and the largest
 difference between the two versions' outputs.
 
+With ``--shipped``, the shipped model (``elmo-news-512``, each version's own copy) instead, the
+way users run it: ``Embedder(...).embed_sentences(sentences)`` at each batch size (warm mode,
+CPU), and ``Elmo(...)(batch_to_ids(batch))`` over the same batches in file order (one output
+representation, no dropout, ``torch.no_grad``; the char ids are made in the timed loop, as a
+user's loop makes them). Every cache of either version (token encodings, char ids) is emptied
+before each pass, so each pass meets the text as new; its repeats within the pass are what a
+cache can serve.
+
 Training (with ``--train``; the vocabulary is ``--vocab`` or every token of the text): each
 version builds its ``Trainer`` from the same ``TrainConfig`` (preset of the shape, batch 32 x 20,
 8192 negatives, fp32, CPU, seed 0) and its own data stream of the same seed; after 3 warm-up
@@ -29,6 +37,7 @@ weights in another order, so these need not be equal).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import shutil
@@ -36,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -63,6 +73,92 @@ def time_pass(model: Any, char_ids: list[torch.Tensor]) -> float:
     for ids in char_ids:
         model(ids)
     return time.perf_counter() - start
+
+
+def interleaved(passes: dict[str, Callable[[], float]], rounds: int, tokens: int) -> dict[str, Any]:
+    """Rates (tokens/s) of ``passes["before"]`` and ``passes["after"]`` (each returns the seconds
+    of one pass over ``tokens`` tokens): 2 warm-up passes each, then ``rounds`` rounds in
+    alternating order (before first in even rounds)."""
+    for _ in range(2):
+        for run in passes.values():
+            run()
+    rates: dict[str, list[float]] = {"before": [], "after": []}
+    for r in range(rounds):
+        for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
+            rates[name].append(tokens / passes[name]())
+    ratios = [a / b for a, b in zip(rates["after"], rates["before"])]
+    return {
+        "unit": "tokens/s",
+        "before": statistics.median(rates["before"]),
+        "after": statistics.median(rates["after"]),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+    }
+
+
+def empty_caches(package: ModuleType, model: Any, embedder: Any = None) -> None:
+    """Empty every per-token cache of ``model`` (a BiLM), of ``embedder`` and of their package."""
+    model.token_encoder.clear_cache()
+    ids = getattr(package.characters, "_IDS", None)  # the char-id cache of versions that had one
+    if ids is not None:
+        ids.clear()
+    own = getattr(embedder, "cache", None)  # the Embedder's own encoding cache of versions that had one
+    if own is not None:
+        own._cache.clear()
+
+
+def embed_pass(package: ModuleType, embedder: Any, sentences: list[list[str]]) -> float:
+    """Seconds of ``embedder.embed_sentences(sentences)``, its caches emptied first."""
+    empty_caches(package, embedder.bilm, embedder)
+    start = time.perf_counter()
+    for _ in embedder.embed_sentences(sentences):
+        pass
+    return time.perf_counter() - start
+
+
+def elmo_pass(package: ModuleType, elmo: Any, batches: list[list[list[str]]]) -> float:
+    """Seconds of ``elmo(package.batch_to_ids(batch))`` over the batches, caches emptied first."""
+    empty_caches(package, next(m for m in elmo.modules() if hasattr(m, "token_encoder")))
+    start = time.perf_counter()
+    with torch.no_grad():
+        for batch in batches:
+            elmo(package.batch_to_ids(batch))
+    return time.perf_counter() - start
+
+
+def shipped(before: ModuleType, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--shipped``: Embedder.embed_sentences and Elmo on the shipped model, before and after."""
+    packages = {"before": before, "after": elmokit}
+    sentences = read_sentences(args.sentences, args.n_sentences)
+    tokens = sum(len(s) for s in sentences)
+    results = []
+    elmos: dict[str, Any] = {}
+    for name, package in packages.items():
+        elmos[name] = package.Elmo("elmo-news-512", dropout=0.0).eval()
+    for size in args.batch_sizes:
+        batches = [sentences[i : i + size] for i in range(0, len(sentences), size)]
+        embedders = {
+            name: package.Embedder("elmo-news-512", batch_size=size, device="cpu")
+            for name, package in packages.items()
+        }
+        first = [list(e.embed_sentences(sentences[:size])) for e in embedders.values()]
+        diff = max(float(abs(a - b).max()) for a, b in zip(*first))
+        cases = {
+            "Embedder.embed_sentences": {
+                n: functools.partial(embed_pass, p, embedders[n], sentences) for n, p in packages.items()
+            },
+            "Elmo(batch_to_ids(batch))": {
+                n: functools.partial(elmo_pass, p, elmos[n], batches) for n, p in packages.items()
+            },
+        }
+        for case, passes in cases.items():
+            result = interleaved(passes, args.rounds, tokens)
+            result["case"] = f"{case}, elmo-news-512, batch {size}"
+            if case.startswith("Embedder"):
+                result["max_abs_diff"] = diff
+            results.append(result)
+            print_result(result)
+    return results
 
 
 def inference(before: ModuleType, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
@@ -190,6 +286,7 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,64", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--n-sentences", type=int, default=256)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--shipped", action="store_true", help="Embedder and Elmo on the shipped model")
     p.add_argument("--train", help="training corpus glob (enables the training comparison)")
     p.add_argument("--vocab", help="vocabulary file for --train (default: every token of it)")
     p.add_argument("--train-steps", type=int, default=20, help="timed steps per version")
@@ -207,7 +304,7 @@ def main() -> None:
         folder = Path(tmp)
         before = import_before(args.before, folder)
         if args.sentences:
-            results += inference(before, args, folder)
+            results += shipped(before, args) if args.shipped else inference(before, args, folder)
         if args.train:
             results.append(training(before, args, folder))
     if args.json:

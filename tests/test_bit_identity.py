@@ -65,7 +65,7 @@ def test_elmo_is_bit_identical(expected):
 
 def test_scores_are_bit_identical(expected):
     model = LanguageModel.from_pretrained("elmo-news-512", device="cpu")
-    for i, score in enumerate(score_sentences(model, model.vocab, SENTENCES)):
+    for i, score in enumerate(score_sentences(model, SENTENCES)):
         _same(score.forward_logprobs, expected[f"score_forward_{i}"])
         _same(score.backward_logprobs, expected[f"score_backward_{i}"])
 

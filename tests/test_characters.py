@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from elmokit import batch_to_ids
-from elmokit.characters import token_to_ids
+from elmokit.characters import token_to_ids, tokens_to_ids
 
 
 def test_token_ids_wrap_bytes_and_pad():
@@ -85,3 +85,16 @@ def test_bilm_refuses_padding_between_tokens_and_ids_out_of_range(tiny_files):
     trailing = batch_to_ids([["a", "b", "c"], ["d"]])  # padding after the last token is fine
     with torch.no_grad():
         assert bilm(trailing).mask.tolist() == [[True] * 3, [True, False, False]]
+
+
+@pytest.mark.parametrize("max_chars", [50, 3, 7])
+def test_the_ids_of_a_token_list_are_each_tokens_own(max_chars):
+    """``tokens_to_ids`` (array operations over the joined bytes) gives ``token_to_ids`` + 1 for
+    every kind of token: multi-byte and 0xFF bytes, cut tokens, <S> and </S>, a lone surrogate
+    (no bytes), and a token whose cut ends inside a character."""
+    tokens = ["a", "hé", "日本語", "\x00", "\xff", "ÿ" * 30, "<S>", "</S>", "\ud800", "x" * 60, "😀" * 3]
+    expected = torch.tensor([token_to_ids(t, max_chars) for t in tokens]) + 1
+    assert torch.equal(tokens_to_ids(tokens, max_chars), expected)
+    assert tokens_to_ids([], max_chars).shape == (0, max_chars)
+    with pytest.raises(TypeError, match="a token must be a str, got int: 3"):
+        tokens_to_ids(["a", 3], max_chars)  # type: ignore[list-item]

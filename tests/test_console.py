@@ -68,3 +68,26 @@ def test_the_cli_runs_each_command_inside_the_context(tmp_path, monkeypatch, cap
     assert elmokit.cli.main(["--verbose", "models"]) == 0
     assert capsys.readouterr().err == "a line from the library\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_serve_worker_process_gets_logging_from_the_command_lines_factory_only():
+    """``create_app_from_env`` (the library) leaves logging alone; ``serve_worker_app`` (what
+    ``elmokit serve --workers N`` makes each process run) sets it up as the command does."""
+    code = (
+        "import logging, os\n"
+        "from elmokit.hub import MODELS_DIR\n"
+        "from elmokit.serve import CONFIG_ENV, ServeConfig, create_app_from_env\n"
+        "from elmokit._console import serve_worker_app\n"
+        "model = f'tiny={MODELS_DIR / \"elmo-tiny-reference\"}'\n"
+        "os.environ[CONFIG_ENV] = ServeConfig(models=(model,), device='cpu').to_json()\n"
+        "create_app_from_env()\n"
+        "print(logging.getLogger().handlers, logging.getLogger('elmokit').handlers)\n"
+        "serve_worker_app()\n"
+        "logging.getLogger('elmokit.serve').info('serving tiny')\n"
+        "logging.getLogger('elmokit.embed').info('not shown')\n"
+        "logging.getLogger('elmokit.embed').warning('careful')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["[]", "[]"]
+    loaded, *rest = done.stderr.splitlines()  # the model the worker loaded, then the test's lines
+    assert loaded.startswith("model tiny: ") and rest == ["serving tiny", "elmokit: warning: careful"]

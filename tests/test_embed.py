@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import BiLM, batch_to_ids
+from elmokit import BiLM, batch_to_ids, kernels
 from elmokit.cli import main
 from elmokit.embed import Embedder
 from elmokit.lstm import LstmState
@@ -86,13 +86,14 @@ def test_order_restored_and_deterministic_across_batch_sizes(bilm, sentences):
 
 
 def test_cache_does_not_change_results(bilm, sentences):
+    bilm.token_encoder.clear_cache()
     cached = Embedder(bilm, batch_size=16)  # batches with enough distinct tokens to use it
-    uncached = Embedder(bilm, batch_size=16, token_cache_size=0)
     a = list(cached.embed_sentences(sentences[:10] * 2))
-    b = list(uncached.embed_sentences(sentences[:10] * 2))
+    assert bilm.token_encoder.cache_stats[0] > 0  # the model's token cache served the repeats
+    with kernels.disabled("token_cache"):
+        b = list(cached.embed_sentences(sentences[:10] * 2))
     for x, y in zip(a, b):
         np.testing.assert_allclose(x, y, atol=1e-6)
-    assert cached.cache.hits > 0 and uncached.cache.hits == 0
 
 
 def test_long_sentence_windows_equal_unsplit(tiny_files, sentences):
@@ -524,3 +525,18 @@ def test_the_hdf5_free_list_switch_turns_the_tuning_off(bilm, tmp_path, monkeypa
         assert _hdf5_tuning.apply() is False
     assert calls == [1]
     assert (tmp_path / "on.hdf5").read_bytes() == (tmp_path / "off.hdf5").read_bytes()
+
+
+def test_embedder_vectors_are_the_models_own_bit_for_bit(bilm, sentences, monkeypatch):
+    """The Embedder runs the model's forward (its token cache included), so a batch's vectors
+    equal ``bilm(batch_to_ids(batch))``'s exactly, cached or not."""
+    embedder = Embedder(bilm, mode="zero", batch_size=8)
+    monkeypatch.setattr(bilm.token_encoder, "cache_min_tokens", 1)  # the cache serves this batch too
+    batch = sentences[:8]
+    for _ in range(2):  # the second time from the model's token cache
+        arrays = embedder.embed_batch(batch)
+        with torch.no_grad():
+            layers = bilm(batch_to_ids(batch), "zero").layers.numpy()
+        for i, array in enumerate(arrays):
+            assert np.array_equal(array, layers[:, i, : len(batch[i])])
+    assert bilm.token_encoder.cache_stats[0] > 0

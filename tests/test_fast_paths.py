@@ -195,7 +195,7 @@ def test_switch_from_the_environment(value, on):
 def test_distinct_rows_equals_unique(monkeypatch, collide):
     if collide:  # every row gets the same key: the check must fall back to torch.unique
         monkeypatch.setattr(
-            char_cnn, "_hash_weights", lambda width, bound, device: torch.zeros(width, dtype=torch.long)
+            char_cnn, "row_hash_weights", lambda width, n_values: torch.zeros(width, dtype=torch.long)
         )
     ids = torch.randint(0, 4, (300, 6))
     rows, inverse = distinct_rows(ids, 262)

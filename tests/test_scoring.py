@@ -113,7 +113,7 @@ def test_sentence_logprob_equals_the_language_models_full_softmax(lm, corpus, mo
     model, vocab = lm
     start = model.bilm.start_state if mode == "warm" else None
     sample = [*sorted(corpus, key=len)[:6], max(corpus, key=len)]  # short and long, OOV tokens
-    scores = list(score_sentences(model, vocab, sample, mode=mode, batch_size=3))
+    scores = list(score_sentences(model, sample, mode=mode, batch_size=3))
     assert [s.tokens for s in scores] == sample
     for tokens, score in zip(sample, scores):
         forward, backward = _direct_logprobs(model, vocab, tokens, start)
@@ -139,15 +139,15 @@ def test_sentence_logprob_equals_the_language_models_full_softmax(lm, corpus, mo
 
 def test_warm_and_zero_mode_differ(lm, corpus):
     model, vocab = lm
-    warm = next(score_sentences(model, vocab, corpus[:1]))
-    zero = next(score_sentences(model, vocab, corpus[:1], mode="zero"))
+    warm = next(score_sentences(model, corpus[:1]))
+    zero = next(score_sentences(model, corpus[:1], mode="zero"))
     assert abs(warm.forward_logprob - zero.forward_logprob) > 1e-3
 
 
 def test_batched_equals_one_at_a_time(lm, corpus):
     model, vocab = lm
-    alone = [next(score_sentences(model, vocab, [s], batch_size=1)) for s in corpus]
-    batched = list(score_sentences(model, vocab, iter(corpus), batch_size=5, window=12))
+    alone = [next(score_sentences(model, [s], batch_size=1)) for s in corpus]
+    batched = list(score_sentences(model, iter(corpus), batch_size=5, window=12))
     for a, b in zip(alone, batched, strict=True):
         assert a.tokens == b.tokens
         torch.testing.assert_close(
@@ -165,7 +165,7 @@ def test_a_sentences_score_does_not_depend_on_its_batch_neighbours(lm, corpus):
     results = []
     for others in neighbourhoods:
         batch = [*others[: len(others) // 2], sentence, *others[len(others) // 2 :]]
-        scores = list(score_sentences(model, vocab, batch, batch_size=len(batch)))
+        scores = list(score_sentences(model, batch, batch_size=len(batch)))
         results.append(scores[len(others) // 2])
     for score in results:
         assert score.tokens == sentence
@@ -175,26 +175,39 @@ def test_a_sentences_score_does_not_depend_on_its_batch_neighbours(lm, corpus):
 
 def test_scoring_leaves_the_callers_model_as_it_was(model_dir, corpus):
     model = LanguageModel.from_pretrained(model_dir, device="cpu")
-    vocab = model.vocab
     model.train()
     model.bilm.lstm.dropout = 0.5  # would change the scores if scoring ran in training mode
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    first = [s.logprob for s in score_sentences(model, vocab, corpus[:4])]
-    second = [s.logprob for s in score_sentences(model, vocab, corpus[:4])]
+    first = [s.logprob for s in score_sentences(model, corpus[:4])]
+    second = [s.logprob for s in score_sentences(model, corpus[:4])]
     assert first == second
     assert model.training and model.bilm.training and model.softmax.training
     assert torch.is_grad_enabled()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_model_without_a_vocabulary_takes_one_by_keyword(lm, corpus):
+    """``LanguageModel.from_pretrained`` gives the model its vocabulary; a model made otherwise
+    (as training makes it) is scored with ``vocab=``, and without it the error says so."""
+    model, vocab = lm
+    bare = LanguageModel(model.bilm, len(vocab))
+    bare.softmax.load_state_dict(model.softmax.state_dict())
+    expected = [s.logprob for s in score_sentences(model, corpus[:3])]
+    assert [s.logprob for s in score_sentences(bare, corpus[:3], vocab=vocab)] == expected
+    tokens = corpus[0]
+    assert substitutes(bare, tokens, 1, k=3, vocab=vocab) == substitutes(model, tokens, 1, k=3)
+    with pytest.raises(ValueError, match="no vocabulary: .* pass its softmax's Vocabulary as vocab="):
+        next(score_sentences(bare, corpus[:1]))
+
+
 def test_score_sentences_refuses_bad_input(lm):
     model, vocab = lm
     with pytest.raises(ValueError, match="sentence 1 is empty"):
-        list(score_sentences(model, vocab, [["a"], []]))
+        list(score_sentences(model, [["a"], []]))
     with pytest.raises(ValueError, match="mode must be one of warm, zero"):
-        list(score_sentences(model, vocab, [["a"]], mode="stateful"))
+        list(score_sentences(model, [["a"]], mode="stateful"))
     with pytest.raises(TypeError, match="sentence 1 is a str"):
-        list(score_sentences(model, vocab, [["a"], "a b"]))
+        list(score_sentences(model, [["a"], "a b"]))
 
 
 # -- substitutes --------------------------------------------------------------------------------
@@ -204,7 +217,7 @@ def test_word_distributions_are_the_softmax_of_each_directions_top_layer(lm):
     tokens = "The cat sat on the mat .".split()
     start = model.bilm.start_state
     for i in (0, 3, len(tokens) - 1):
-        dists = word_distributions(model, vocab, tokens, i)
+        dists = word_distributions(model, tokens, i)
         # forward: only the left context <S> t_0 .. t_{i-1} exists; its last top-layer state
         left = _stream_hidden(model, [BOS_TOKEN, *tokens[:i]], start)[0, 0, -1]
         torch.testing.assert_close(
@@ -227,8 +240,8 @@ def test_word_distributions_are_the_softmax_of_each_directions_top_layer(lm):
 def test_substitutes_list_the_most_probable_words_without_boundaries_and_unk(lm):
     model, vocab = lm
     tokens = "The cat sat on the mat .".split()
-    result = substitutes(model, vocab, tokens, 2, k=7)
-    dists = word_distributions(model, vocab, tokens, 2)
+    result = substitutes(model, tokens, 2, k=7)
+    dists = word_distributions(model, tokens, 2)
     assert result.word == "sat" and result.position == 2
     for name in ("forward", "backward", "both"):
         listed = getattr(result, name)
@@ -247,7 +260,7 @@ def test_substitutes_list_the_most_probable_words_without_boundaries_and_unk(lm)
         ]
         assert max(others) <= probabilities[-1] + 1e-12
         assert result.probability[name] == pytest.approx(math.exp(float(dist[vocab.token_to_id("sat")])))
-    outside = substitutes(model, vocab, ["The", "zyzzyva", "sat"], 1, k=3)
+    outside = substitutes(model, ["The", "zyzzyva", "sat"], 1, k=3)
     assert not outside.in_vocabulary and outside.rank == {"forward": None, "backward": None, "both": None}
 
 
@@ -256,9 +269,9 @@ def test_substitutes_refuse_a_word_index_outside_the_sentence(lm):
     with pytest.raises(
         ValueError, match=r"word index 3 is outside the sentence: it has 3 tokens, indices 0 to 2"
     ):
-        substitutes(model, vocab, ["a", "b", "c"], 3)
+        substitutes(model, ["a", "b", "c"], 3)
     with pytest.raises(ValueError, match="word index -1"):
-        substitutes(model, vocab, ["a", "b", "c"], -1)
+        substitutes(model, ["a", "b", "c"], -1)
 
 
 # -- command line -------------------------------------------------------------------------------
@@ -281,7 +294,7 @@ def test_score_command_writes_json_lines_in_input_order_skipping_empty_lines(
     records = [json.loads(line) for line in captured.out.splitlines()]
     assert [r["line"] for r in records] == [1, 4, 5]
     assert [r["sentence"] for r in records] == [" ".join(corpus[i]) for i in (0, 30, 32)]
-    expected = list(score_sentences(model, vocab, [corpus[0], corpus[30], corpus[32]]))
+    expected = list(score_sentences(model, [corpus[0], corpus[30], corpus[32]]))
     for record, score in zip(records, expected):
         assert list(record) == ["line", "sentence", *FIELDS[1:]]
         assert record["tokens"] == len(score.tokens) and record["oov"] == score.oov
@@ -374,7 +387,7 @@ def test_substitutes_command_table_and_json(lm, model_dir, capsys):
     assert table[0] == "The cat [sat] on the mat ."
     assert table[3].split()[:2] == ["rank", "left"]
     assert [line.split()[0] for line in table[4:8]] == ["1", "2", "3", "4"]
-    expected = substitutes(model, vocab, "The cat sat on the mat .".split(), 2, k=4)
+    expected = substitutes(model, "The cat sat on the mat .".split(), 2, k=4)
     assert table[4].split()[1::2] == [expected.forward[0][0], expected.backward[0][0], expected.both[0][0]]
     assert (
         main(
@@ -403,13 +416,13 @@ def test_substitutes_command_table_and_json(lm, model_dir, capsys):
 def test_scores_and_distributions_on_a_gpu_equal_the_cpus(model_dir, lm, corpus):
     model, vocab = lm
     gpu_model = LanguageModel.from_pretrained(model_dir, device="cuda")
-    for cpu, gpu in zip(score_sentences(model, vocab, corpus), score_sentences(gpu_model, vocab, corpus)):
+    for cpu, gpu in zip(score_sentences(model, corpus), score_sentences(gpu_model, corpus)):
         # (cuDNN may run the char CNN in TF32)
         assert gpu.forward_logprob == pytest.approx(cpu.forward_logprob, rel=1e-3, abs=1e-2)
         assert gpu.backward_logprob == pytest.approx(cpu.backward_logprob, rel=1e-3, abs=1e-2)
     tokens = "The cat sat on the mat .".split()
-    cpu_result = substitutes(model, vocab, tokens, 2, k=5)
-    gpu_result = substitutes(gpu_model, vocab, tokens, 2, k=5)
+    cpu_result = substitutes(model, tokens, 2, k=5)
+    gpu_result = substitutes(gpu_model, tokens, 2, k=5)
     assert gpu_result.both[0][0] == cpu_result.both[0][0]
     assert gpu_result.probability["both"] == pytest.approx(cpu_result.probability["both"], rel=1e-3)
 

@@ -86,7 +86,7 @@ class Gated(ServedModel):
     """A served model whose worker waits for ``gate`` before each batch; records the batches."""
 
     def __init__(self, base: ServedModel) -> None:
-        super().__init__(base.name, base.embedder, base.language_model, base.vocab)
+        super().__init__(base.name, base.embedder, base.language_model)
         self.gate, self.entered = threading.Event(), threading.Event()
         self.calls: list[list[list[str]]] = []
 
@@ -526,7 +526,6 @@ def test_score_substitutes_and_vectors_of_a_model_with_a_softmax(news):
     from elmokit.scoring import score_sentences, substitutes
 
     lm = LanguageModel.from_pretrained(NEWS_MODEL, device="cpu")
-    vocab = lm.vocab
     sentences = [s.split() for s in SENTENCES[:3]]
     config = ServeConfig(models=(NEWS_MODEL,), device="cpu")
     with TestClient(create_app([news], config)) as client:
@@ -534,7 +533,7 @@ def test_score_substitutes_and_vectors_of_a_model_with_a_softmax(news):
             "/score", json={"sentences": [" ".join(s) for s in sentences], "per_token": True}
         )
         assert scored.status_code == 200, scored.text
-        for expected, got in zip(score_sentences(lm, vocab, sentences), scored.json()["results"]):
+        for expected, got in zip(score_sentences(lm, sentences), scored.json()["results"]):
             assert got["sentence"] == expected.tokens and got["tokens"] == len(expected.tokens)
             assert got["logprob"] == pytest.approx(expected.logprob, abs=1e-4)
             assert got["perplexity"] == pytest.approx(expected.perplexity, rel=1e-4)
@@ -542,7 +541,7 @@ def test_score_substitutes_and_vectors_of_a_model_with_a_softmax(news):
         tokens = "She went to the bank to withdraw money .".split()
         found = client.post("/substitutes", json={"sentence": tokens, "position": 4, "k": 5})
         assert found.status_code == 200, found.text
-        expected = substitutes(lm, vocab, tokens, 4, k=5).to_dict()
+        expected = substitutes(lm, tokens, 4, k=5).to_dict()
         assert [w["word"] for w in found.json()["both"]] == [w["word"] for w in expected["both"]]
         assert found.json()["probability"]["both"] == pytest.approx(expected["probability"]["both"], abs=1e-6)
         outside = client.post("/substitutes", json={"sentence": tokens, "position": 9})

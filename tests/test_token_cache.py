@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import BiLM, batch_to_ids, kernels
-from elmokit.characters import tokens_to_ids
-from elmokit.embed import TokenCache
+from elmokit import BiLM, Embedder, batch_to_ids, kernels
 from elmokit.options import preset
 from elmokit.token_cache import EncodingCache, LruCache
 
@@ -136,20 +134,22 @@ def test_token_encoder_cache_follows_the_weights(change):
 
 
 @pytest.mark.parametrize("change", CHANGES)
-def test_embedder_token_cache_follows_the_weights(change):
+def test_embedder_uses_the_models_token_cache_which_follows_the_weights(change):
     model, other, ids = _models()
-    cache = TokenCache(model)
-    cache._cache.min_keys = 1
-    tokens = ["<S>", *WORDS[:6], "unseen", "</S>", "the"]
-    before = torch.stack(cache.lookup(tokens))
-    assert torch.equal(torch.stack(cache.lookup(tokens)), before) and cache.hits > 0
+    embedder = Embedder(model, device="cpu")
+    sentences = [[*WORDS[:6], "unseen"], ["the", "bank", "the"]]
+    before = embedder.embed_batch(sentences)
+    hits = model.token_encoder.cache_stats[0]
+    for again, first in zip(embedder.embed_batch(sentences), before):
+        assert np.array_equal(again, first)
+    assert model.token_encoder.cache_stats[0] > hits  # served by the model's one cache
     CHANGES[change](model, ids, other)
-    after = torch.stack(cache.lookup(tokens))
-    distinct = list(dict.fromkeys(tokens))
-    with torch.no_grad():
-        fresh = model.token_encoder.encode_unique(tokens_to_ids(distinct))
-    assert torch.equal(after, fresh[[distinct.index(t) for t in tokens]])
-    assert after.dtype != before.dtype or not torch.allclose(after, before)
+    after = embedder.embed_batch(sentences)
+    with kernels.disabled("token_cache"):
+        fresh = embedder.embed_batch(sentences)
+    for a, f in zip(after, fresh):
+        assert np.array_equal(a, f)
+    assert not np.array_equal(after[0], before[0])  # the new weights (or dtype) took effect
 
 
 def test_cache_is_used_while_weights_stay_and_nan_weights_do_not_empty_it():

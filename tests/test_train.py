@@ -595,10 +595,11 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
     )
     # --new-data: weights, optimizer and step continue on the new shards, read from their start
     before = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
-    code, out, _ = cli(
-        capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--new-data", "--max-steps", 5
+    code, out, err = cli(
+        capsys, "-v", "train", "--save-dir", tmp_path / "b", "--resume", "--new-data", "--max-steps", 5
     )
     assert code == 0 and out.count("continuing step 4 on a new corpus") == 1
+    assert "continuing step" not in err  # once: the run's messages are its output, not also its log
     assert latest_checkpoint(tmp_path / "b").name == "checkpoint-000000005"
     after = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
     assert (
@@ -1114,3 +1115,21 @@ def test_training_errors_are_one_line(tmp_path, corpus, capsys, monkeypatch):
         == f"elmokit: error: non-finite loss (nan) at step 2; the run stopped; its last checkpoint, step 1, is kept in {tmp_path}/nan"
     )
     del tempfile
+
+
+def test_the_runs_messages_are_shown_once_and_its_warnings_as_the_commands(capsys):
+    """Inside the command line's logging (verbose: INFO shown on stderr), the training loop's INFO
+    lines go to the run's output stream only, its warnings to stderr as one-line warnings."""
+    import io
+    import logging
+
+    from elmokit._console import command_context
+    from elmokit.training.launch import messages_to
+
+    stream = io.StringIO()
+    log = logging.getLogger("elmokit.training.loop")
+    with command_context(verbose=True), messages_to(stream):
+        log.info("continuing step 3")
+        log.warning("SIGTERM: stopping after this step")
+    assert stream.getvalue() == "continuing step 3\n"
+    assert capsys.readouterr().err == "elmokit: warning: SIGTERM: stopping after this step\n"

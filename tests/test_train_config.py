@@ -14,6 +14,7 @@ import torch
 import elmokit.training.config as config_module
 import elmokit.training.launch as launch_module
 from elmokit.cli import build_parser
+from elmokit.devices import Process
 from elmokit.options import preset
 from elmokit.training.config import (
     TrainConfig,
@@ -165,7 +166,7 @@ def test_the_gpu_list_reaches_each_processs_device(tmp_path, monkeypatch, four_g
     gpu_config = config_from_options({**given, "gpus": (0, 2)})
     assert (gpu_config.device, gpu_config.gpus) == ("cuda", (0, 2))
     first, share_cores = launch_module.launch(gpu_config, resume=False)
-    assert (first.rank, first.world_size, first.device, share_cores) == (0, 2, torch.device("cuda:0"), False)
+    assert (first.process, first.device, share_cores) == (Process(0, 0, 2), torch.device("cuda:0"), False)
     assert four_gpus == [torch.device("cuda:0"), torch.device("cuda:2")] and groups == ["nccl", "nccl"]
     with pytest.raises(ValueError, match="does not exist: this machine has 4 CUDA GPU"):
         config_from_options({**given, "gpus": (0, 7)})

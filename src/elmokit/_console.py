@@ -2,7 +2,8 @@
 the ``elmokit`` logger's one-line messages on stderr, and signal handling for atomic writes
 (SIGTERM during a write raises, so no partial file is left: ``atomic.handle_signals``).
 
-Used by ``elmokit.cli`` and ``python -m elmokit.tasks``.
+Used by ``elmokit.cli`` and ``python -m elmokit.tasks``; ``serve_worker_app`` is the app factory
+of each process of ``elmokit serve --workers N``, which the command's own set-up does not reach.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 from .atomic import handle_signals
 
-__all__ = ["command_context"]
+__all__ = ["command_context", "serve_worker_app"]
 
 
 class _OneLine(logging.Formatter):
@@ -28,13 +30,19 @@ class _OneLine(logging.Formatter):
         return message
 
 
+def _stderr_handler() -> logging.Handler:
+    """A handler that writes each record to stderr as one line (``_OneLine``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    return handler
+
+
 @contextmanager
 def _logging(verbose: bool) -> Iterator[None]:
     """While the block runs, the ``elmokit`` logger writes to stderr, one line per record:
     warnings and errors, and with ``verbose`` INFO too; before and after, it is as it was."""
     logger = logging.getLogger("elmokit")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLine())
+    handler = _stderr_handler()
     level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
@@ -55,3 +63,17 @@ def command_context(verbose: bool = False) -> Iterator[None]:
         stack.enter_context(_logging(verbose))
         stack.enter_context(handle_signals())
         yield
+
+
+def serve_worker_app() -> Any:
+    """uvicorn's app factory in each process of ``elmokit serve --workers N``: the ``elmokit``
+    logger set as the command sets it (warnings and errors on stderr, and the server's own INFO
+    lines), for the life of the process, then ``elmokit.serve.create_app_from_env()``."""
+    from .serve import create_app_from_env
+
+    logger = logging.getLogger("elmokit")
+    logger.addHandler(_stderr_handler())
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    logging.getLogger("elmokit.serve").setLevel(logging.INFO)  # a server's log is its output
+    return create_app_from_env()

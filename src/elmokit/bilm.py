@@ -98,11 +98,10 @@ class BiLM(nn.Module):
         """The tokens that wrap every sentence (bilm-tf: <S> and </S>)."""
         return self.inputs.boundary_tokens
 
-    def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
+    def token_ids(self, tokens: Sequence[str]) -> torch.Tensor:
         """This model's input ids of each token: LongTensor (n_tokens, input_width), 0 never
-        used by a token (bilm-tf: the shifted byte ids of ``tokens_to_ids``). ``cache=False``
-        skips the cache of recent tokens' ids."""
-        return self.inputs.token_ids(tokens, cache)
+        used by a token (bilm-tf: the shifted byte ids of ``tokens_to_ids``)."""
+        return self.inputs.token_ids(tokens)
 
     def batch_to_ids(self, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
         """Tokenized sentences -> this model's inputs: LongTensor (batch, timesteps, input_width),

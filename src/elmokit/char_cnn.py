@@ -16,7 +16,7 @@ from .kernels import max_over_windows, needs_autograd
 from .options import CharCNNOptions
 from .token_cache import EncodingCache, caching_allowed
 
-__all__ = ["CharCNN", "TokenEncoder", "distinct_rows"]
+__all__ = ["CharCNN", "TokenEncoder", "distinct_rows", "row_hash_weights"]
 
 
 class CharCNN(nn.Module):
@@ -116,7 +116,10 @@ class TokenEncoder(nn.Module):
     The CNN runs once per distinct token of the input; the result is identical to running it on
     every position. Without autograd, the encodings of the last ``cache_size`` distinct tokens
     are kept across calls (LRU; ``cache_size = 0`` turns it off; the kernel ``token_cache``), so
-    a stream of batches encodes each token once. A call with fewer than ``cache_min_tokens``
+    a stream of batches encodes each token once. This is the model's one token-encoding cache:
+    the Embedder, ``Elmo`` and every other caller of ``BiLM.forward`` go through it, and no
+    other cache of tokens' encodings or char ids exists (docs/benchmarks/kernels.md, "One token
+    cache", has the measurements behind that choice). A call with fewer than ``cache_min_tokens``
     distinct tokens (about one sentence) does not use the cache: checking the weights would cost
     more than it saves. Each call that does first compares the weights with a copy of those that
     computed the kept encodings and empties the cache if they differ
@@ -124,7 +127,7 @@ class TokenEncoder(nn.Module):
     computation.
     """
 
-    DEFAULT_CACHE_SIZE = 20_000
+    DEFAULT_CACHE_SIZE = 100_000  # what the Embedder's own cache kept before it used this one
 
     def __init__(
         self,
@@ -160,6 +163,10 @@ class TokenEncoder(nn.Module):
         # the ids each input column may hold: 0 .. limit - 1
         self.id_limits: torch.Tensor  # (input_width,)
         self.register_buffer("id_limits", torch.tensor(limits), persistent=False)
+        # the weights that hash each input row to one int64 key (distinct_rows)
+        self.row_hash_weights: torch.Tensor  # (input_width,)
+        hash_weights = row_hash_weights(len(limits), self.n_id_values)
+        self.register_buffer("row_hash_weights", hash_weights, persistent=False)
 
     def encode_unique(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(n_tokens, input_width) -> (n_tokens, projection_dim), one CNN pass per row."""
@@ -173,7 +180,7 @@ class TokenEncoder(nn.Module):
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(..., input_width) -> (..., projection_dim); the CNN runs once per distinct token."""
         flat = char_ids.reshape(-1, char_ids.shape[-1])
-        unique, inverse = distinct_rows(flat, self.n_id_values)
+        unique, inverse = distinct_rows(flat, self.n_id_values, self.row_hash_weights)
         if (
             self.cache_size > 0
             and len(unique)
@@ -210,22 +217,27 @@ def _row_keys(rows: torch.Tensor, n_values: int) -> list[bytes]:
 
 
 _HASH_SEED = 0x5EED
-_hash_cache: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
 
-def _hash_weights(width: int, bound: int, device: torch.device) -> torch.Tensor:
-    key = (width, bound, device)
-    if key not in _hash_cache:
-        generator = torch.Generator().manual_seed(_HASH_SEED)
-        weights = torch.randint(1, max(bound, 2), (width,), generator=generator)
-        _hash_cache[key] = weights.to(device)
-    return _hash_cache[key]
+def _hash_bound(width: int, n_values: int) -> int:
+    """The largest hash weight for which a row's weighted sum cannot overflow an int64."""
+    return (1 << 62) // max(n_values * width, 1)
 
 
-def distinct_rows(ids: torch.Tensor, n_values: int) -> tuple[torch.Tensor, torch.Tensor]:
+def row_hash_weights(width: int, n_values: int) -> torch.Tensor:
+    """(width,) int64: fixed random weights that hash a row of ``width`` values in
+    0 .. n_values - 1 to one int64 (``distinct_rows``); a ``TokenEncoder`` keeps them as a buffer."""
+    generator = torch.Generator().manual_seed(_HASH_SEED)
+    return torch.randint(1, max(_hash_bound(width, n_values), 2), (width,), generator=generator)
+
+
+def distinct_rows(
+    ids: torch.Tensor, n_values: int, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct rows of ids (n, width), values in 0 .. n_values - 1, and for each row the
     index of its distinct row: what ``torch.unique(ids, dim=0, return_inverse=True)`` gives,
-    in another row order, at a fraction of the cost.
+    in another row order, at a fraction of the cost. ``weights``: ``row_hash_weights(width,
+    n_values)`` on ids' device (made here when None).
 
     Each row is hashed to one int64 (a weighted sum that cannot overflow) and the keys are
     deduplicated; the result is checked against the input, and a collision (rows with the same
@@ -233,8 +245,9 @@ def distinct_rows(ids: torch.Tensor, n_values: int) -> tuple[torch.Tensor, torch
     n, width = ids.shape
     if n == 0:
         return ids, torch.zeros(0, dtype=torch.long, device=ids.device)
-    bound = (1 << 62) // max(n_values * width, 1)
-    weights = _hash_weights(width, bound, ids.device)
+    bound = _hash_bound(width, n_values)
+    if weights is None:
+        weights = row_hash_weights(width, n_values).to(ids.device)
     keys = (ids * weights).sum(dim=-1)
     unique_keys, inverse = torch.unique(keys, return_inverse=True)
     first = torch.empty(len(unique_keys), dtype=torch.long, device=ids.device)

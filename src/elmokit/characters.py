@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
-
-from .token_cache import LruCache
 
 __all__ = [
     "BEGIN_OF_SENTENCE_CHAR",
@@ -47,61 +46,56 @@ def _marker_ids(char: int, max_chars: int) -> tuple[int, ...]:
     return tuple(ids)
 
 
-# the ids of the most recently used tokens, by (token, max_chars)
-_IDS: LruCache[tuple[str, int], tuple[int, ...]] = LruCache(200_000)
-
-
 def token_to_ids(token: str, max_chars: int = MAX_CHARACTERS_PER_TOKEN) -> tuple[int, ...]:
     """Unshifted character ids (0..260) of one token, length ``max_chars``.
 
     ``<S>`` and ``</S>`` map to the sentence boundary ids. A token longer than ``max_chars - 2``
-    bytes keeps its first ``max_chars - 2`` bytes.
+    bytes keeps its first ``max_chars - 2`` bytes. (``tokens_to_ids`` gives the same for a list,
+    faster from a few tokens on.)
     """
     if not isinstance(token, str):
         raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
-    key = (token, max_chars)
-    ids = _IDS.get(key)
-    if ids is None:
-        ids = _token_to_ids(token, max_chars)
-        _IDS.put(key, ids)
-    return ids
-
-
-def _token_to_ids(token: str, max_chars: int) -> tuple[int, ...]:
-    """``token_to_ids`` of a str, without the cache."""
     if token == "":
         raise ValueError("empty token: every token must have at least one character")
     if max_chars < 3:
         raise ValueError(f"max_characters_per_token must be at least 3, got {max_chars}")
-    if token == BOS_TOKEN:
-        return _marker_ids(BEGIN_OF_SENTENCE_CHAR, max_chars)
-    if token == EOS_TOKEN:
-        return _marker_ids(END_OF_SENTENCE_CHAR, max_chars)
+    if token in (BOS_TOKEN, EOS_TOKEN):
+        return _marker_ids(BEGIN_OF_SENTENCE_CHAR if token == BOS_TOKEN else END_OF_SENTENCE_CHAR, max_chars)
     body = list(token.encode("utf-8", "ignore")[: max_chars - 2])
     ids = [BEGIN_OF_WORD_CHAR, *body, END_OF_WORD_CHAR]
     return tuple(ids + [PADDING_CHAR] * (max_chars - len(ids)))
 
 
-def tokens_to_ids(
-    tokens: Sequence[str], max_chars: int = MAX_CHARACTERS_PER_TOKEN, cache: bool = True
-) -> torch.Tensor:
-    """Shifted character ids of a token list: LongTensor (n_tokens, max_chars), values 1..261.
+def tokens_to_ids(tokens: Sequence[str], max_chars: int = MAX_CHARACTERS_PER_TOKEN) -> torch.Tensor:
+    """Shifted character ids of a token list: LongTensor (n_tokens, max_chars), values 1..261:
+    ``token_to_ids`` + 1 of each token.
 
-    ``cache=False`` neither reads nor fills the cache of recent tokens' ids (for callers that
-    keep their own per-token cache, whose misses are rarely in this one)."""
-    if len(tokens) == 0:
-        return torch.zeros((0, max_chars), dtype=torch.long)
-    if cache:
-        rows = [token_to_ids(t, max_chars) for t in tokens]
-    else:
-        rows = [_token_to_ids(_checked_token(t), max_chars) for t in tokens]
-    return torch.tensor(rows, dtype=torch.long) + 1
-
-
-def _checked_token(token: str) -> str:
-    if not isinstance(token, str):
-        raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
-    return token
+    Built with array operations from the tokens' joined bytes, so a batch's ids cost well under a
+    microsecond a token and no cache of recent tokens' ids is worth keeping
+    (docs/benchmarks/kernels.md, "One token cache")."""
+    if max_chars < 3:
+        raise ValueError(f"max_characters_per_token must be at least 3, got {max_chars}")
+    try:
+        bodies = [token.encode("utf-8", "ignore")[: max_chars - 2] for token in tokens]
+    except AttributeError:
+        bad = next(t for t in tokens if not isinstance(t, str))
+        raise TypeError(f"a token must be a str, got {type(bad).__name__}: {bad!r}") from None
+    n = len(bodies)
+    lengths = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    ids = np.full((n, max_chars), PADDING_CHAR + 1, dtype=np.int64)
+    ids[:, 0] = BEGIN_OF_WORD_CHAR + 1
+    chars = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    rows = np.repeat(np.arange(n), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    ids[rows, np.arange(len(chars)) - starts + 1] = chars.astype(np.int64) + 1
+    ids[np.arange(n), lengths + 1] = END_OF_WORD_CHAR + 1
+    for i in np.flatnonzero(lengths <= len(EOS_TOKEN)).tolist():  # the empty token, <S>, </S>
+        token = tokens[i]
+        if token == "":
+            raise ValueError("empty token: every token must have at least one character")
+        if token in (BOS_TOKEN, EOS_TOKEN):
+            ids[i] = np.asarray(token_to_ids(token, max_chars)) + 1
+    return torch.from_numpy(ids)
 
 
 EXPECTED_SENTENCES = "expected a list of sentences, each a list of str tokens, e.g. [['Hello', 'world']]"
@@ -150,12 +144,17 @@ def pad_batch(
         raise ValueError("empty sentence list: give at least one sentence")
     timesteps = max(len(s) for s in sentences)
     out = torch.zeros((len(sentences), timesteps, width), dtype=torch.long)
-    for i, sentence in enumerate(sentences):
-        try:
-            if len(sentence):
-                out[i, : len(sentence)] = token_ids(sentence)
-        except ValueError as err:
-            raise ValueError(f"sentence {i}: {err}") from None
+    try:
+        ids = token_ids([token for sentence in sentences for token in sentence])  # one call: faster
+    except ValueError:
+        for i, sentence in enumerate(sentences):  # find the sentence to name
+            try:
+                token_ids(sentence)
+            except ValueError as err:
+                raise ValueError(f"sentence {i}: {err}") from None
+        raise
+    lengths = torch.tensor([len(s) for s in sentences])
+    out[torch.arange(timesteps) < lengths.unsqueeze(1)] = ids
     return out
 
 

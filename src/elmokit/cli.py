@@ -123,7 +123,6 @@ def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int
         if args.options or args.weights:
             raise FileNotFoundError("options + weights only")
         model = LanguageModel.from_pretrained(args.model, device="cpu")
-        vocab = model.vocab
     except (FileNotFoundError, ValueError):
         print(f"\n(no softmax ships with this model: it cannot predict words in place of '{DEMO_WORD}')")
         return
@@ -132,7 +131,7 @@ def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int
         "(elmokit substitutes):"
     )
     for tokens in queries:
-        found = substitutes(model, vocab, tokens, tokens.index(DEMO_WORD), k=k)
+        found = substitutes(model, tokens, tokens.index(DEMO_WORD), k=k)
         words = ", ".join(f"{word} {p:.3f}" for word, p in found.both)
         print(f"  {' '.join(tokens)}\n     {words}")
 
@@ -556,10 +555,8 @@ def score_command(args: argparse.Namespace) -> int:
 
     try:
         model = LanguageModel.from_pretrained(args.model, device=args.device)
-        vocabulary = model.vocab
         summary = score_file(
             model,
-            vocabulary,
             args.input,
             args.output,
             fmt=args.format,
@@ -637,8 +634,7 @@ def substitutes_command(args: argparse.Namespace) -> int:
 
     tokens = " ".join(args.sentence).split()
     model = LanguageModel.from_pretrained(args.model, device=args.device)
-    vocabulary = model.vocab
-    result = substitutes(model, vocabulary, tokens, args.word, k=args.k, mode=args.mode)
+    result = substitutes(model, tokens, args.word, k=args.k, mode=args.mode)
     print(json.dumps(result.to_dict(), ensure_ascii=False) if args.json else _substitutes_table(result))
     return 0
 
@@ -742,7 +738,15 @@ def serve_command(args: argparse.Namespace) -> int:
     level = server_log.level
     server_log.setLevel(logging.INFO)
     try:
-        serve(config, args.host, args.port, api_key, workers=args.workers, drain_seconds=args.drain_seconds)
+        serve(
+            config,
+            args.host,
+            args.port,
+            api_key,
+            workers=args.workers,
+            drain_seconds=args.drain_seconds,
+            worker_factory="elmokit._console:serve_worker_app",  # sets up logging in each worker
+        )
     finally:
         server_log.setLevel(level)
     return 0

@@ -30,7 +30,6 @@ from .characters import check_token_lists
 from .devices import resolve_device, this_process
 from .lstm import LstmState
 from .textfiles import count_lines, line_splitter, read_lines
-from .token_cache import EncodingCache
 from .vectors_file import (
     TOKEN_BLOCK,
     check_layers,
@@ -43,54 +42,10 @@ from .vectors_file import (
     write_vectors,
 )
 
-__all__ = ["DTYPES", "MODES", "EmbedSummary", "Embedder", "TokenCache", "evaluating"]
+__all__ = ["DTYPES", "MODES", "EmbedSummary", "Embedder", "evaluating"]
 
 MODES = ("warm", "zero", "stateful")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
-
-class TokenCache:
-    """Context-independent token vectors of the last ``size`` distinct tokens (LRU), computed once
-    per distinct token; ``size = 0`` (or the kernel ``token_cache`` off) computes every call's.
-
-    A token's vector depends on nothing but the token and the token encoder's weights, and each
-    lookup first compares the weights with those that computed the kept vectors
-    (``token_cache.EncodingCache``), so the cache never changes a result.
-    """
-
-    def __init__(self, bilm: BiLM, size: int = 100_000) -> None:
-        self.bilm, self.size = bilm, size
-        self._cache: EncodingCache[str] = EncodingCache(size)
-
-    @property
-    def hits(self) -> int:
-        """Distinct tokens found from earlier batches (since the cache was last emptied)."""
-        return self._cache.hits
-
-    @property
-    def misses(self) -> int:
-        """Distinct tokens computed through the cache (since it was last emptied)."""
-        return self._cache.misses
-
-    @torch.inference_mode()
-    def lookup(self, tokens: Sequence[str]) -> list[torch.Tensor]:
-        """One (projection_dim,) vector per token."""
-        distinct = list(dict.fromkeys(tokens))
-        encoder = self.bilm.token_encoder
-
-        def encode(positions: list[int]) -> torch.Tensor:
-            # the encodings are this cache; the ids of the tokens it misses are computed afresh
-            ids = self.bilm.token_ids([distinct[i] for i in positions], cache=False)
-            return encoder.encode_unique(ids.to(_device(self.bilm)))
-
-        if self.size > 0 and kernels.enabled("token_cache"):
-            if self._cache.capacity != self.size:
-                self._cache = EncodingCache(self.size)
-            vectors = self._cache.lookup(distinct, encoder.parameters(), encode)
-        else:
-            vectors = encode(list(range(len(distinct))))
-        rows = dict(zip(distinct, vectors.unbind(0)))
-        return [rows[t] for t in tokens]
 
 
 def _device(module: torch.nn.Module) -> torch.device:
@@ -137,7 +92,9 @@ class Embedder:
     float32 is the default; "int8" (with ``backend`` "onnxruntime") runs the exported graph
     with int8 matmuls (opt-in, approximate: docs/export.md). A BiLM passed in is never changed:
     when it is on another device or dtype the Embedder runs a copy, and it runs in eval mode only
-    for the duration of a batch.
+    for the duration of a batch. Each batch runs the model's own forward, so its token encodings
+    come through the model's one token cache (``bilm.token_encoder.cache_size``, the kernel
+    ``token_cache``) and its vectors equal ``bilm(bilm.batch_to_ids(batch))``'s bit for bit.
     ``mode`` None (default) is "warm", which starts from zeros for a model without a start state;
     asking for "warm" explicitly of such a model gives a UserWarning. ``device`` None is cuda
     when there is a GPU, else the model's device; a device this machine lacks is a ValueError.
@@ -158,7 +115,6 @@ class Embedder:
         device: str | torch.device | None = None,
         mode: str | None = None,
         max_tokens_per_batch: int | None = None,
-        token_cache_size: int = 100_000,
         dtype: str | torch.dtype = torch.float32,
         backend: str = "torch",
         onnx_file: str | os.PathLike | None = None,
@@ -168,7 +124,6 @@ class Embedder:
             "batch_size": batch_size,
             "mode": mode,
             "max_tokens_per_batch": max_tokens_per_batch,
-            "token_cache_size": token_cache_size,
             "dtype": dtype,
             "backend": backend,
             "onnx_file": onnx_file,
@@ -204,7 +159,6 @@ class Embedder:
         self.mode, self.batch_size = mode, batch_size
         self.max_tokens_per_batch = max_tokens_per_batch
         self.carried = CarriedState() if mode == "stateful" else None
-        self.cache = TokenCache(self.bilm, token_cache_size)
         self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
         # backend "onnxruntime": batches run through an exported file (elmokit.onnx_export)
         self.onnx = None
@@ -252,20 +206,10 @@ class Embedder:
             if self.carried is not None:
                 self.carried.update(out.state)
             return self._to_host(out.layers, [len(s) for s in sentences])
-        lengths = torch.tensor([len(s) + 2 for s in sentences])
-        steps = int(lengths.max())
-        bos, eos = self.bilm.boundary_tokens
-        sequences = [[bos, *s, eos] for s in sentences]
-        flat = [t for seq in sequences for t in seq]
-        vectors = self.cache.lookup(flat)
-        proj = self.bilm.options.lstm.projection_dim
-        tokens = vectors[0].new_zeros(len(sentences), steps, proj)
-        offset = 0
-        for row, seq in enumerate(sequences):
-            tokens[row, : len(seq)] = torch.stack(vectors[offset : offset + len(seq)])
-            offset += len(seq)
-        with evaluating(self.bilm):
-            out = self.bilm.contextualize(tokens, lengths, self._initial_state(len(sentences), tokens))
+        ids = self.bilm.batch_to_ids(sentences).to(_device(self.bilm))
+        like = next(self.bilm.parameters())  # the device and dtype of the states
+        with evaluating(self.bilm):  # the token encodings come through the model's token cache
+            out = self.bilm(ids, self._initial_state(len(sentences), like))
         if self.carried is not None:
             self.carried.update(out.state)
         return self._to_host(out.layers, [len(s) for s in sentences])

@@ -31,7 +31,6 @@ class InputScheme:
     def __init__(self, max_characters_per_token: int) -> None:
         self.max_characters_per_token = max_characters_per_token
 
-    def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
-        """LongTensor (n_tokens, input_width) of each token's input ids, 0 never used by a token;
-        ``cache=False`` skips the cache of recent tokens' ids."""
-        return tokens_to_ids(tokens, self.max_characters_per_token, cache=cache)
+    def token_ids(self, tokens: Sequence[str]) -> torch.Tensor:
+        """LongTensor (n_tokens, input_width) of each token's input ids, 0 never used by a token."""
+        return tokens_to_ids(tokens, self.max_characters_per_token)

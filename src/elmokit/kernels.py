@@ -9,8 +9,9 @@ The kernels, by name (``enabled(name)``):
 - ``sampled_softmax``: the sampled softmax's log partition in one (N, S) buffer with a
   hand-written backward pass, accidental hits found by binary search (``sampled_log_partition``);
   plain form: ``cross_entropy`` over the concatenated logits.
-- ``token_cache``: token encodings kept across calls (``TokenEncoder``, the Embedder's
-  ``TokenCache``; see ``token_cache``); plain form: every call encodes its tokens.
+- ``token_cache``: token encodings kept across calls, in the model's one cache
+  (``TokenEncoder``, used by the Embedder, ``Elmo`` and every other ``BiLM`` caller; see
+  ``token_cache``); plain form: every call encodes its tokens.
 - ``lstm_inplace``: without autograd, an LSTM layer's steps written into buffers made once per
   call (``lstm_layer_inplace``); plain form: ``BiLstmLayer._step`` out of place, step by step.
 - ``pinned_copy``: the Embedder's vectors copied from a GPU through a page-locked buffer

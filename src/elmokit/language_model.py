@@ -89,7 +89,8 @@ class LanguageModel(nn.Module):
         """The softmax's vocabulary, of a model from ``from_pretrained``; a ValueError otherwise."""
         if self._vocab is None:
             raise ValueError(
-                "this language model has no vocabulary: load one with LanguageModel.from_pretrained"
+                "this language model has no vocabulary: load one with LanguageModel.from_pretrained, "
+                "or pass its softmax's Vocabulary as vocab="
             )
         return self._vocab
 

@@ -274,9 +274,8 @@ class ManyLangsInputs(InputScheme):
         self.padding_id = self.char_pad + 1
         self.word_embedding = None if words is None else (_rows(words) + 1, word_dim)
 
-    def token_ids(self, tokens: Sequence[str], cache: bool = True) -> torch.Tensor:
-        """LongTensor (n_tokens, width): each token's shifted char ids [, word id] (no cache:
-        ``cache`` is ignored)."""
+    def token_ids(self, tokens: Sequence[str]) -> torch.Tensor:
+        """LongTensor (n_tokens, width): each token's shifted char ids [, word id]."""
         rows = []
         chars, oov, limit = self.chars, self.char_oov, self.max_chars - 2
         for token in tokens:

@@ -96,17 +96,20 @@ FIELDS = (
 )
 
 
-def _check_model(model: LanguageModel, vocab: Vocabulary, mode: str) -> Softmax:
-    """The model's softmax, checked against ``vocab``; also checks ``mode``."""
+def _check_model(model: LanguageModel, vocab: Vocabulary | None, mode: str) -> tuple[Softmax, Vocabulary]:
+    """The model's softmax and its vocabulary (``vocab``, or None: ``model.vocab``), checked
+    against each other; also checks ``mode``."""
     if model.softmax is None:
         raise ValueError(NO_SOFTMAX.format(name="softmax"))
+    if vocab is None:
+        vocab = model.vocab
     if model.softmax.vocab_size != len(vocab):
         raise ValueError(
             f"the softmax has {model.softmax.vocab_size:,} rows but the vocabulary {len(vocab):,} tokens"
         )
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    return model.softmax
+    return model.softmax, vocab
 
 
 def _top_layer(
@@ -190,7 +193,7 @@ def _score_batch(
     model: LanguageModel, vocab: Vocabulary, sentences: Sequence[Sequence[str]], mode: str
 ) -> list[SentenceScore]:
     """Scores of a batch of non-empty sentences, in the given order."""
-    softmax = _check_model(model, vocab, mode)
+    softmax, vocab = _check_model(model, vocab, mode)
     with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, sentences, mode)
         steps, dim = forward.shape[1], forward.shape[2]
@@ -244,19 +247,22 @@ def _length_sorted_batches(lengths: Sequence[int], batch_size: int) -> Iterator[
 
 def score_sentences(
     model: LanguageModel,
-    vocab: Vocabulary,
     sentences: Iterable[Sequence[str]],
     mode: str = "warm",
     batch_size: int = 64,
     window: int | None = None,
+    *,
+    vocab: Vocabulary | None = None,
 ) -> Iterator[SentenceScore]:
-    """Stream a ``SentenceScore`` per tokenized sentence, in input order.
+    """Stream a ``SentenceScore`` per tokenized sentence, in input order. ``model``: a language
+    model with a softmax (``LanguageModel.from_pretrained``); ``vocab``: its softmax's words,
+    None for ``model.vocab`` (pass it for a model made without ``from_pretrained``).
 
     Reads ``window`` sentences at a time (default ``8 * batch_size``), sorts them by length and
     scores them in batches of ``batch_size`` (same results as one at a time, to float rounding).
     ``mode``: "warm" (the model's start state) or "zero". An empty sentence is a ValueError.
     The model is run in eval mode and without gradients, batch by batch; it is not changed."""
-    _check_model(model, vocab, mode)
+    _, vocab = _check_model(model, vocab, mode)
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     window = window or 8 * batch_size
@@ -335,7 +341,6 @@ def _format_line(number: int, text: str, score: SentenceScore, fmt: str, per_tok
 
 def score_file(
     model: LanguageModel,
-    vocab: Vocabulary,
     input_path: str | os.PathLike,
     output: str | os.PathLike | TextIO | None = None,
     fmt: str = "jsonl",
@@ -345,6 +350,8 @@ def score_file(
     tokenize: bool = False,
     overwrite: bool = False,
     progress: bool = False,
+    *,
+    vocab: Vocabulary | None = None,
 ) -> ScoreSummary:
     """Score a file of sentences (one whitespace-tokenized sentence per line, ``-`` = stdin) and
     write one line per non-empty input line, in input order, as JSON lines or TSV (with a header).
@@ -354,12 +361,12 @@ def score_file(
     when complete), an open text stream, or None for stdout; a path that is a named pipe, a
     character device or a socket (/dev/stdout, a FIFO) is written into directly, never replaced.
     The output policy is ``atomic.check_output``'s (no input, no link, no existing file unless
-    ``overwrite``). Input and output are streamed."""
+    ``overwrite``). Input and output are streamed. ``vocab``: as ``score_sentences``'."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if per_token and fmt != "jsonl":
         raise ValueError("per-token log-probabilities are written only in the jsonl format")
-    _check_model(model, vocab, mode)
+    _, vocab = _check_model(model, vocab, mode)
     total = count_lines(input_path)  # also checks that the input exists
     with _output_stream(output, input_path, overwrite) as stream:
         return _score_to(
@@ -430,7 +437,7 @@ def _score_to(
     if fmt == "tsv":
         stream.write("\t".join(FIELDS) + "\tsentence\n")
     with tqdm(total=total, unit="sent", disable=not progress, dynamic_ncols=True, file=sys.stderr) as bar:
-        for score in score_sentences(model, vocab, sentences(), mode, batch_size):
+        for score in score_sentences(model, sentences(), mode, batch_size, vocab=vocab):
             number, text = pending.popleft()
             stream.write(_format_line(number, text, score, fmt, per_token))
             summary.sentences += 1
@@ -468,12 +475,18 @@ def _check_position(tokens: Sequence[str], position: int) -> None:
 
 
 def word_distributions(
-    model: LanguageModel, vocab: Vocabulary, tokens: Sequence[str], position: int, mode: str = "warm"
+    model: LanguageModel,
+    tokens: Sequence[str],
+    position: int,
+    mode: str = "warm",
+    *,
+    vocab: Vocabulary | None = None,
 ) -> WordDistributions:
     """The model's distributions over the vocabulary for the word at ``position`` (0-based) of
     ``tokens``: forward (from <S> and the words before it), backward (from the words after it and
-    </S>), and both = log P_fwd + log P_bwd renormalised (a product of experts)."""
-    softmax = _check_model(model, vocab, mode)
+    </S>), and both = log P_fwd + log P_bwd renormalised (a product of experts). ``vocab``: as
+    ``score_sentences``'."""
+    softmax, vocab = _check_model(model, vocab, mode)
     _check_position(tokens, position)
     with evaluating(model), torch.inference_mode():
         forward, backward = _top_layer(model, [tokens], mode)
@@ -524,17 +537,20 @@ class Substitutes:
 
 def substitutes(
     model: LanguageModel,
-    vocab: Vocabulary,
     tokens: Sequence[str],
     position: int,
     k: int = 10,
     mode: str = "warm",
+    *,
+    vocab: Vocabulary | None = None,
 ) -> Substitutes:
     """The ``k`` words the model predicts at ``position`` (0-based) from the left context, the
-    right context and both (see ``word_distributions``), without ``<S>``, ``</S>``, ``<UNK>``."""
+    right context and both (see ``word_distributions``), without ``<S>``, ``</S>``, ``<UNK>``.
+    ``vocab``: as ``score_sentences``'."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    dists = word_distributions(model, vocab, tokens, position, mode)
+    _, vocab = _check_model(model, vocab, mode)
+    dists = word_distributions(model, tokens, position, mode, vocab=vocab)
     special = torch.tensor([vocab.bos, vocab.eos, vocab.unk])
     word_id = vocab.token_to_id(tokens[position])
     in_vocabulary = tokens[position] in vocab and tokens[position] not in SPECIAL_TOKENS

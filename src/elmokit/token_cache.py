@@ -8,6 +8,15 @@ weights bit for bit with a copy taken when the cached encodings were computed, a
 cache if anything differs, so no way of changing the weights (any optimizer, fused or not, a loop
 writing ``p.data``, ``load_state_dict``, ``.to(dtype)`` or ``.to(device)``) can leave it stale.
 Under ``torch.compile`` the caches step aside (``caching_allowed``).
+
+A model has one cache of token encodings: its ``TokenEncoder``'s ``EncodingCache``, keyed by each
+token's input ids, switched by the kernel ``token_cache``. The Embedder, ``Elmo`` and every other
+caller of ``BiLM.forward`` go through it. It was chosen over the Embedder's own cache (keyed by
+the token's text) because ``Elmo`` over batches gains from it too (+7% to +14% at batch 64,
+docs/benchmarks/kernels.md), and the Embedder lost nothing by the move once char ids were built
+with array operations (``characters.tokens_to_ids``), which also made a cache of char ids pointless
+(docs/benchmarks/kernels.md, "One token cache"). ``LruCache`` remains for other per-token maps
+(``data``'s out-of-vocabulary char ids).
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             sentences = inputs.sentences(data.get("sentences"), "sentences")
 
             def compute() -> list[dict]:
-                scores = score_sentences(model.language_model, model.vocab, sentences)
+                scores = score_sentences(model.language_model, sentences)
                 return [{"sentence": s.tokens, **s.to_dict(per_token, digits=6)} for s in scores]
 
             return {"model": model.name, "results": await batcher.call(compute, request)}
@@ -268,7 +268,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             position = integer(data, "position", None, 0, len(tokens) - 1)
             k = integer(data, "k", 10, 1, MAX_K)
             found = await batcher.call(
-                lambda: predict(model.language_model, model.vocab, tokens, position, k=k), request
+                lambda: predict(model.language_model, tokens, position, k=k), request
             )
             return {"model": model.name, **found.to_dict()}
 
@@ -325,8 +325,9 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
 
 def create_app_from_env() -> FastAPI:
     """The app of one ``--workers`` process: the configuration from ``ELMOKIT_SERVE_CONFIG``,
-    the API key from ``ELMOKIT_API_KEY``; each process loads its own copy of the models."""
-    logging.basicConfig(level=logging.INFO, format="elmokit serve: %(message)s")
+    the API key from ``ELMOKIT_API_KEY``; each process loads its own copy of the models. It
+    leaves logging as it finds it (the command line's factory, ``elmokit._console.serve_worker_app``,
+    sets it up first)."""
     config = ServeConfig.from_json(os.environ[CONFIG_ENV])
     return create_app(load_models(config), config, os.environ.get(API_KEY_ENV) or None)
 
@@ -343,10 +344,13 @@ def serve(
     api_key: str | None = None,
     workers: int = 1,
     drain_seconds: float = 30.0,
+    worker_factory: str = "elmokit.serve.app:create_app_from_env",
 ) -> None:
     """Load the models, listen on ``host:port`` (0: a free port, logged) and serve until
     SIGTERM or SIGINT, which stop accepting, answer the requests in flight (for at most
-    ``drain_seconds``) and return."""
+    ``drain_seconds``) and return. ``workers`` > 1: that many processes, each of which builds
+    its app with ``worker_factory`` ("module:function", what uvicorn imports; the command line
+    passes one that sets up logging in the new process first)."""
     import socket
 
     import uvicorn
@@ -388,7 +392,7 @@ def serve(
                 workers,
             )
             uvicorn.run(
-                "elmokit.serve.app:create_app_from_env",
+                worker_factory,
                 factory=True,
                 fd=sock.fileno(),
                 workers=workers,

@@ -102,12 +102,12 @@ def model_name(spec: str) -> tuple[str, str]:
 @dataclass(eq=False)
 class ServedModel:
     """A model loaded at start: its ``Embedder`` (warm mode) and, when it has a softmax, the
-    language model and vocabulary that /score and /substitutes use (sharing the Embedder's biLM)."""
+    language model (with its vocabulary) that /score and /substitutes use (sharing the
+    Embedder's biLM)."""
 
     name: str
     embedder: Embedder
     language_model: Any = None
-    vocab: Any = None
 
     @property
     def dim(self) -> int:
@@ -126,15 +126,14 @@ def load_model(spec: str, device: str | None, max_batch_tokens: int) -> ServedMo
     """Load a ``--model`` (see ``model_name``) with its softmax where it has one, and warm it
     up with one sentence."""
     name, source = model_name(spec)
-    language_model = vocab = None
+    language_model = None
     try:
         language_model = LanguageModel.from_pretrained(source, device=device)
-        vocab = language_model.vocab
     except FileNotFoundError:  # no softmax (or not a language model folder): embeddings only
         pass
     bilm = language_model.bilm if language_model is not None else source
     embedder = Embedder(bilm, batch_size=1024, device=device, max_tokens_per_batch=max_batch_tokens)
-    served = ServedModel(name, embedder, language_model, vocab)
+    served = ServedModel(name, embedder, language_model)
     served.embed([["warm", "up", "."]])
     log.info(
         "model %s: %s, %d layers of %d, %s",

@@ -25,21 +25,40 @@ from .loop import Outcome, train
 __all__ = ["launch", "messages_to"]
 
 
+class _Forward(logging.Handler):
+    """Hands each record on to another logger, which passes it to its handlers and its parents'."""
+
+    def __init__(self, to: logging.Logger, level: int) -> None:
+        super().__init__(level)
+        self.to = to
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.to.handle(record)
+
+
 @contextlib.contextmanager
 def messages_to(stream: TextIO) -> Iterator[None]:
-    """Show the training loop's messages (logger ``elmokit.training``, INFO and above) as lines
-    on ``stream`` while the block runs."""
+    """While the block runs, the training loop's messages (logger ``elmokit.training``) are the
+    run's output: each INFO record one line on ``stream``, and only there (not also through the
+    ``elmokit`` logger's handlers, which the command line puts on stderr); warnings and errors go
+    on to the ``elmokit`` logger as before (without a handler there: Python's last resort, stderr)."""
     logger = logging.getLogger("elmokit.training")
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    level = logger.level
-    logger.addHandler(handler)
+    lines = logging.StreamHandler(stream)
+    lines.setFormatter(logging.Formatter("%(message)s"))
+    lines.addFilter(lambda record: record.levelno < logging.WARNING)
+    forward = _Forward(logging.getLogger("elmokit"), logging.WARNING)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(lines)
+    logger.addHandler(forward)
     logger.setLevel(logging.INFO)
+    logger.propagate = False
     try:
         yield
     finally:
-        logger.removeHandler(handler)
+        logger.removeHandler(lines)
+        logger.removeHandler(forward)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _train_process(config: TrainConfig, resume: bool, new_data: bool, resume_from: str | None) -> Outcome:

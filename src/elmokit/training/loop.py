@@ -86,24 +86,17 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Distributed:
-    """This process's place in the run: its rank, the number of processes, its device."""
+    """This process's place in the run: which process (``devices.Process``: rank, number of
+    processes) on which device, and the collectives the loop takes part in (each a no-op when
+    the run is one process)."""
 
-    rank: int = 0
-    world_size: int = 1
     device: torch.device = torch.device("cpu")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def active(self) -> bool:
-        return self.world_size > 1
+    process: Process = Process()
 
     def barrier(self) -> None:
-        if self.active:
+        if self.process.distributed:
             dist.barrier()
 
     def any(self, flag: bool) -> bool:
@@ -112,7 +105,7 @@ class Distributed:
 
     def max(self, *values: float) -> list[float]:
         """Each value's maximum over the processes (one collective for all of them)."""
-        if not self.active:
+        if not self.process.distributed:
             return list(values)
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
@@ -176,12 +169,10 @@ def setup_distributed(config: TrainConfig, process: Process | None = None) -> Di
     --gpus/--nproc`` set up (NCCL on GPUs, gloo on CPUs). ``process``: ``this_process()``."""
     process = this_process() if process is None else process
     device = process_device(config.device, config.gpus, process)
-    if not process.distributed:
-        return Distributed(device=device)
-    if not dist.is_initialized():
+    if process.distributed and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=process.rank, world_size=process.world_size)
-    return Distributed(process.rank, process.world_size, device)
+    return Distributed(device, process)
 
 
 @dataclass
@@ -225,7 +216,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model = LanguageModel(config.options, vocab_size, config.dropout).to(env.device)
         self.module: nn.Module = self.model
-        if env.active:
+        if env.process.distributed:
             self.module = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[env.device.index] if env.device.type == "cuda" else None
             )
@@ -237,7 +228,7 @@ class Trainer:
             eps=1e-10,
             fused=True if env.device.type == "cpu" else None,
         )
-        self.generator = torch.Generator().manual_seed(config.seed * 1000 + env.rank)
+        self.generator = torch.Generator().manual_seed(config.seed * 1000 + env.process.rank)
         self.lstm_state: LstmState | None = None
         self.grad_norm = 0.0  # the last step's global gradient norm before clipping
         self.run = RunState()
@@ -262,7 +253,7 @@ class Trainer:
         self.lstm_state = LstmState(self.lstm_state.h.float(), self.lstm_state.c.float())
         loss = 0.5 * (losses[0] + losses[1])
         check = loss.detach().clone()
-        if self.env.active:
+        if self.env.process.distributed:
             dist.all_reduce(check)
         if not torch.isfinite(check):
             kept = (
@@ -279,11 +270,11 @@ class Trainer:
         self.grad_norm = float(norm)
         self.optimizer.step()
         per_direction = losses.detach()
-        if self.env.active:
+        if self.env.process.distributed:
             dist.all_reduce(per_direction)
-            per_direction /= self.env.world_size
+            per_direction /= self.env.process.world_size
         self.run.step += 1
-        self.run.tokens += char_ids.shape[1] * char_ids.shape[2] * self.env.world_size
+        self.run.tokens += char_ids.shape[1] * char_ids.shape[2] * self.env.process.world_size
         return float(per_direction[0]), float(per_direction[1])
 
     def _reset_some_states(self) -> None:
@@ -299,7 +290,7 @@ class Trainer:
     def evaluate_heldout(self) -> Perplexity | None:
         """Full-softmax perplexity of ``config.heldout`` (main process), appended to heldout.csv."""
         result = None
-        if self.config.heldout and self.env.is_main:
+        if self.config.heldout and self.env.process.is_main:
             vocab = self.vocab
             if vocab is None:
                 if self.config.vocab is None:
@@ -349,7 +340,7 @@ class Trainer:
         partial = partial_folder(self.save_dir, self.run.step)
 
         def make_folder() -> None:
-            if self.env.is_main:
+            if self.env.process.is_main:
                 shutil.rmtree(partial, ignore_errors=True)
                 partial.mkdir()
 
@@ -360,18 +351,18 @@ class Trainer:
                 "rng": rng_state(),
                 "generator": self.generator.get_state(),
             }
-            save_checkpoint_file(rank_state, partial / f"rank{self.env.rank}.pt")
-            if self.env.is_main:
+            save_checkpoint_file(rank_state, partial / f"rank{self.env.process.rank}.pt")
+            if self.env.process.is_main:
                 shared = {
                     "model": self.model.state_dict(),
                     "optimizer": self.optimizer.state_dict(),
                     "run": asdict(self.run),
-                    "world_size": self.env.world_size,
+                    "world_size": self.env.process.world_size,
                 }
                 save_checkpoint_file(shared, partial / "model.pt")
 
         def publish() -> None:
-            if self.env.is_main:
+            if self.env.process.is_main:
                 publish_checkpoint(self.save_dir, partial, self.run.step, self.config.keep_checkpoints)
 
         for action in (make_folder, write_files, publish):
@@ -390,7 +381,7 @@ class Trainer:
         if not self.env.any(error is not None):
             return
         cause = _write_failure(error, self.save_dir)  # before the partial folder frees its space
-        if self.env.is_main:
+        if self.env.process.is_main:
             shutil.rmtree(partial, ignore_errors=True)
         previous = (
             f"the previous checkpoint (step {self.saved_step}) is still the latest"
@@ -406,13 +397,13 @@ class Trainer:
         corpus, which starts at the beginning of this trainer's (new) corpus."""
         try:
             shared = load_checkpoint_file(folder / "model.pt", self.env.device)
-            mine = load_checkpoint_file(folder / f"rank{self.env.rank}.pt")
+            mine = load_checkpoint_file(folder / f"rank{self.env.process.rank}.pt")
         except (OSError, RuntimeError) as err:
             raise TrainingError(f"cannot read the checkpoint {folder}: {err}") from None
-        if shared["world_size"] != self.env.world_size:
+        if shared["world_size"] != self.env.process.world_size:
             raise TrainingError(
                 f"{folder} was written by {shared['world_size']} processes; resume with as many "
-                f"(now {self.env.world_size})"
+                f"(now {self.env.process.world_size})"
             )
         self.model.load_state_dict(shared["model"])
         fused = [group["fused"] for group in self.optimizer.param_groups]
@@ -459,14 +450,14 @@ def run_training(
     from (steps a crash made the run repeat)."""
     env = trainer.env
     metrics = None
-    if env.is_main:
+    if env.process.is_main:
         metrics = _MetricsLog(trainer.save_dir / "metrics.csv", after=trainer.run.step)
         truncate_log(trainer.save_dir / "heldout.csv", trainer.run.step)
     bar = tqdm(
         total=max_steps,
         initial=trainer.run.step,
         unit="step",
-        disable=not (progress and env.is_main),
+        disable=not (progress and env.process.is_main),
         dynamic_ncols=True,
     )
     with StopRequest() as stop:  # also through the last checkpoint: a stop request waits for it
@@ -507,7 +498,7 @@ def _loop(
         if batch is None:
             return "data"
         fwd, bwd = trainer.step(batch)
-        window_tokens += batch["token_ids"].size * env.world_size
+        window_tokens += batch["token_ids"].size * env.process.world_size
         trainer.run.seconds = base_seconds + time.monotonic() - start
         if trainer.run.step % config.log_every == 0 or trainer.run.step == 1:
             rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
@@ -655,7 +646,7 @@ def train(
     env = setup_distributed(config, process)
     save_dir = Path(config.save_dir)
     latest = resume_point(save_dir, resume_from) if resume else None
-    if env.is_main:
+    if env.process.is_main:
         removed = remove_leftovers(save_dir)
         if removed:
             logger.info("removed what an interrupted run left in %s: %s", save_dir, ", ".join(removed))
@@ -685,43 +676,43 @@ def train(
         config.batch_size,
         config.unroll_steps,
         seed=config.seed,
-        rank=env.rank,
-        world_size=env.world_size,
+        rank=env.process.rank,
+        world_size=env.process.world_size,
         max_characters_per_token=max_chars,
     )
     trainer = Trainer(config, data, len(vocab), env, vocab=vocab)
     if latest is not None:
         trainer.load_checkpoint(latest, data=not new_data)
         newer = [p.name for p in checkpoint_folders(save_dir) if p.name > latest.name]
-        if newer and env.is_main:
+        if newer and env.process.is_main:
             logger.info(
                 "resuming from %s; %s, written after it by a run that stopped before pointing "
                 "'latest' at it, will be replaced at its step",
                 latest.name,
                 ", ".join(newer),
             )
-        if new_data and env.is_main:
+        if new_data and env.process.is_main:
             logger.info(
                 "continuing step %s on a new corpus (%s tokens), from its beginning",
                 f"{trainer.run.step:,}",
                 f"{n_tokens:,}",
             )
     else:
-        if resume and env.is_main:
+        if resume and env.process.is_main:
             logger.info(
                 "%s has no checkpoint (its run stopped before the first): starting at step 0", save_dir
             )
         if config.init_from:
             shared = initialize_from(trainer.model, config.init_from, vocab)
-            if env.is_main:
+            if env.process.is_main:
                 logger.info(
                     "initialized from %s: %d/%d softmax rows copied", config.init_from, shared, len(vocab)
                 )
-    if env.is_main:
+    if env.process.is_main:
         for log in METRICS_FILES:  # a log the run cannot read stops it before it writes anything
             if (save_dir / log).exists():
                 _read_csv(save_dir / log)
-    if env.is_main:  # every check passed: the save dir is made and written from here on
+    if env.process.is_main:  # every check passed: the save dir is made and written from here on
         save_dir.mkdir(parents=True, exist_ok=True)
         if latest is None:
             vocab.save(own_vocab)
@@ -729,7 +720,7 @@ def train(
             write_text(save_dir / CHECKPOINT_POINTER, latest.name + "\n")
         save_config(config)  # with the changes of this session
     env.barrier()
-    steps = total_steps(config, n_tokens, env.world_size)
+    steps = total_steps(config, n_tokens, env.process.world_size)
     by_epochs = steps is not None and config.epochs is not None and steps != config.max_steps
     limit = f"--epochs {config.epochs:g} ({steps:,} steps)" if by_epochs else None
     return run_training(trainer, steps, config.max_time, progress=progress, step_limit=limit)

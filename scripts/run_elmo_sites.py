@@ -69,12 +69,17 @@ class Run:
 
 
 def plan(args: argparse.Namespace) -> list[Run]:
+    """Every run, in the order they start: the cheap task's whole set first, then the sites of
+    the others, then their weightings, each seed by seed, so that whole rows finish early."""
+    tasks = [t for t in SITE_TASKS if t in args.tasks]
     runs = []
-    for task in SITE_TASKS:
-        if task not in args.tasks:
-            continue
+    for task in tasks[:1]:
         variants = list(SITES) + (list(WEIGHTINGS) if task in WEIGHTING_TASKS else [])
         runs += [Run(task, v, s) for s in args.seeds for v in variants]
+    for s in args.seeds:
+        runs += [Run(task, v, s) for task in tasks[1:] for v in SITES]
+    for s in args.seeds:
+        runs += [Run(task, v, s) for task in tasks[1:] if task in WEIGHTING_TASKS for v in WEIGHTINGS]
     return runs
 
 
@@ -147,14 +152,16 @@ def report(args: argparse.Namespace, runs: list[Run], results: dict[Run, dict]) 
         c = cells.get((task, variant))
         return fmt(c["test"]) if c else "–"
 
-    def best_note(task: str, variants: list[str]) -> str:
+    def best_note(task: str, variants: list[str], names: dict[str, str] | None = None) -> str:
         have = [v for v in variants if (task, v) in cells and cells[task, v]["test"]["n"] > 1]
         if len(have) < 2:
             return "–"
         ranked = sorted(have, key=lambda v: -cells[task, v]["test"]["mean"])
         first, second = cells[task, ranked[0]]["test"], cells[task, ranked[1]]["test"]
         beyond = "beyond" if first["min"] > second["max"] else "within"
-        return f"{ranked[0]} ({beyond} the seed spread of {ranked[1]})"
+        label = names or {}
+        best, runner_up = label.get(ranked[0], ranked[0]), label.get(ranked[1], ranked[1])
+        return f"{best} ({beyond} the seed spread of {runner_up})"
 
     lines = [
         "# Where ELMo goes, and how its layers are weighted",
@@ -190,7 +197,7 @@ def report(args: argparse.Namespace, runs: list[Run], results: dict[Run, dict]) 
         if any((task, v) in cells for v in WEIGHTINGS):
             seeds = sorted({s for v in WEIGHTING_NAMES for s in cells.get((task, v), {}).get("seeds", [])})
             row = [TASK_NAMES[task], *(cell(task, v) for v in WEIGHTING_NAMES)]
-            row.append(best_note(task, list(WEIGHTING_NAMES)))
+            row.append(best_note(task, list(WEIGHTING_NAMES), WEIGHTING_NAMES))
             lines.append("| " + " | ".join(row) + f" | {', '.join(map(str, seeds))} |")
     lines += [
         "",
@@ -204,6 +211,17 @@ def report(args: argparse.Namespace, runs: list[Run], results: dict[Run, dict]) 
     for (task, variant), sites in weights.items():
         for site, w in sites.items():
             lines.append(f"| {TASK_NAMES[task]} | {variant} | {site} | {', '.join(f'{x:.3f}' for x in w)} |")
+    copied = sorted(
+        (r.folder(args.out) / "copied-from.txt").read_text().strip()
+        for r in runs
+        if (r.folder(args.out) / "copied-from.txt").is_file()
+    )
+    if copied:
+        lines += [
+            "",
+            f"{len(copied)} runs were not run here but taken from an earlier report of the same "
+            "command (their folders' copied-from.txt): " + ", ".join(f"`{c}`" for c in copied) + ".",
+        ]
     lines += ["", "## Commands", "", "One per run; `--seed` varies:", ""]
     shown = set()
     for run in runs:

@@ -19,17 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from run_task_experiments import TASK_NAMES, base_task, fill_cache, fmt, summary, task_files
+from run_task_experiments import (
+    TASK_NAMES,
+    base_task,
+    fill_cache,
+    fmt,
+    run_task_command,
+    summary,
+    task_files,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,24 +97,8 @@ def command(run: Run, args: argparse.Namespace) -> list[str]:
 
 
 def execute(run: Run, args: argparse.Namespace) -> dict | None:
-    folder = run.folder(args.out)
-    metrics = folder / "metrics.json"
-    if metrics.is_file():
-        return json.loads(metrics.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    cmd = command(run, args)
-    argv = [sys.executable, "-m", "elmokit.tasks", *cmd[2:]]  # the same command as `elmokit task`
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    start = time.perf_counter()
-    print(f"[start] {shlex.join(cmd)}", flush=True)
-    with open(folder / "log.txt", "w") as log:
-        code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    if code != 0:
-        print(f"[FAILED {code}] {run} after {time.perf_counter() - start:.0f} s", flush=True)
-        return None
-    result = json.loads(metrics.read_text())
-    print(f"[done] {run}: dev {result['dev']:.2f} test {result['test']:.2f}", flush=True)
-    return result
+    label = f"{run.task} {run.variant} seed {run.seed}"
+    return run_task_command(run.folder(args.out), command(run, args), label)
 
 
 def layer_weights(folder: Path) -> dict[str, list[float]]:
@@ -168,7 +157,7 @@ def report(args: argparse.Namespace, runs: list[Run], results: dict[Run, dict]) 
         "",
         f"ELMo model: `{args.elmo}`. Test scores in % (NER: entity F1; POS: UPOS accuracy; SST-5: "
         "accuracy): mean ± sample standard deviation (min–max) over the seeds; each run keeps its "
-        "model of the best dev score. \"Best\" says whether the best variant's worst seed beats the "
+        'model of the best dev score. "Best" says whether the best variant\'s worst seed beats the '
         "runner-up's best seed (beyond the seed spread) or not (within it).",
         "",
         "## ELMo at the input, the output, or both (`--elmo-at`)",
@@ -184,9 +173,7 @@ def report(args: argparse.Namespace, runs: list[Run], results: dict[Run, dict]) 
     lines += [
         "",
         "The paper's Table 3 (input only / output only / input and output) for comparison, on its "
-        "tasks: "
-        + "; ".join(f"{k} {v[0]} / {v[2]} / {v[1]}" for k, v in PAPER_SITES.items())
-        + ".",
+        "tasks: " + "; ".join(f"{k} {v[0]} / {v[2]} / {v[1]}" for k, v in PAPER_SITES.items()) + ".",
         "",
         "## Layer weighting (`--layers`, `--mix-l2`)",
         "",

@@ -109,13 +109,14 @@ def plan(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
-def execute(run: Run, args: argparse.Namespace) -> dict | None:
-    folder = run.folder(args.out)
+def run_task_command(folder: Path, cmd: list[str], label: str) -> dict | None:
+    """Run one ``elmokit task`` command (``cmd``) whose --out is ``folder`` on one thread, its
+    output in folder/log.txt; its metrics, read back (or found, if an earlier run wrote them),
+    or None if it failed."""
     metrics = folder / "metrics.json"
     if metrics.is_file():
         return json.loads(metrics.read_text())
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = command(run, args)
     # `elmokit task` and `python -m elmokit.tasks` are the same command
     argv = [sys.executable, "-m", "elmokit.tasks", *cmd[2:]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one core per run
@@ -125,15 +126,20 @@ def execute(run: Run, args: argparse.Namespace) -> dict | None:
         code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     took = time.perf_counter() - start
     if code != 0:
-        print(f"[FAILED {code}] {run} after {took:.0f} s; see {folder / 'log.txt'}", flush=True)
+        print(f"[FAILED {code}] {label} after {took:.0f} s; see {folder / 'log.txt'}", flush=True)
         return None
     result = json.loads(metrics.read_text())
     print(
-        f"[done] {run.task} {run.variant} frac {run.fraction:g} seed {run.seed}: "
-        f"dev {result['dev']:.2f} test {result['test']:.2f}, {result['cpu_seconds']:.0f} CPU s",
+        f"[done] {label}: dev {result['dev']:.2f} test {result['test']:.2f}, "
+        f"{result['cpu_seconds']:.0f} CPU s",
         flush=True,
     )
     return result
+
+
+def execute(run: Run, args: argparse.Namespace) -> dict | None:
+    label = f"{run.task} {run.variant} frac {run.fraction:g} seed {run.seed}"
+    return run_task_command(run.folder(args.out), command(run, args), label)
 
 
 def fill_cache(args: argparse.Namespace, runs: list[Run]) -> dict:

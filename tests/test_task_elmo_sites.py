@@ -163,6 +163,10 @@ def test_task_command_trains_saves_and_reloads_each_site(tmp_path, task, at, lay
     first = trained.predict(sentences)
     assert TrainedTask.load(out).predict(sentences) == first  # the saved model gives the same answers
     assert (trained.model.output_weighting is not None) == (at in ("output", "both"))
+    saved = json.loads((out / "model.json").read_text())
+    (out / "model.json").write_text(json.dumps({**saved, "format": "elmokit-task-model-v1"}))
+    with pytest.raises(ValueError, match="earlier elmokit .*retrain it"):
+        TrainedTask.load(out)
 
 
 def test_fine_tuned_elmo_gets_one_mix_per_site(tmp_path):

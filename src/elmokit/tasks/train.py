@@ -672,6 +672,11 @@ class TrainedTask:
 
         folder = Path(out_dir)
         saved = json.loads((folder / "model.json").read_text(encoding="utf-8"))
+        if saved.get("format") == "elmokit-task-model-v1":
+            raise ValueError(
+                f"{folder / 'model.json'} is a task model of an earlier elmokit "
+                f"(elmokit-task-model-v1, before --elmo-at); retrain it"
+            )
         if saved.get("format") != MODEL_FORMAT:
             raise ValueError(f"{folder / 'model.json'} is not an {MODEL_FORMAT} file")
         raw = dict(saved["config"])

@@ -9,8 +9,11 @@ computer" for able%3:00:00::). Each example that contains one of its synset's on
 (the word itself or an inflection of it, found with WordNet's own rules: the exception lists and
 the detachment suffixes of its ``morphy``) becomes a sentence with one ``<instance>``, whose gold
 sense is that synset's sense key for the lemma. Only lemmas with two or more senses in WordNet
-(for that part of speech) are kept, so every instance is a real choice. Each example goes to the
-test set with probability ``--test-fraction`` (a seeded draw), else to training.
+(for that part of speech) are kept. The split is per sense, so that every test word's sense was
+seen in training: of each sense's examples (in a seeded order) the first ``--test-fraction`` (at
+least one) go to the test set when the sense has two or more, the rest to training; a sense with
+one example goes to training. A test word is kept only when its lemma has two or more senses in
+training, so that the 1-nearest-neighbour rule has a real choice to make.
 
 Written to OUT: ``train.data.xml``, ``train.gold.key.txt``, ``test.data.xml``,
 ``test.gold.key.txt`` (Raganato et al. 2017's format), which ``elmokit probe wsd`` reads, with
@@ -163,6 +166,27 @@ def examples(dict_dir: Path, exceptions_dir: Path) -> list[Example]:
     return found
 
 
+def split_by_sense(found: list[Example], seed: int, test_fraction: float) -> dict[str, list[Example]]:
+    """Training and test examples, split per sense (see the module); the same seed, the same split."""
+    by_sense: dict[str, list[Example]] = {}
+    for item in found:
+        by_sense.setdefault(item.key, []).append(item)
+    draw = random.Random(seed)
+    train: list[Example] = []
+    test: list[Example] = []
+    for key in sorted(by_sense):
+        items = by_sense[key]
+        draw.shuffle(items)
+        n_test = max(1, int(len(items) * test_fraction)) if len(items) >= 2 else 0
+        test += items[:n_test]
+        train += items[n_test:]
+    senses: dict[tuple[str, str], set[str]] = {}
+    for item in train:
+        senses.setdefault((item.lemma, item.pos), set()).add(item.key)
+    test = [item for item in test if len(senses.get((item.lemma, item.pos), ())) >= 2]
+    return {"train": train, "test": test}
+
+
 def write_split(items: list[Example], out: Path, name: str) -> None:
     """``NAME.data.xml`` and ``NAME.gold.key.txt`` in OUT."""
     corpus = ElementTree.Element("corpus", lang="en", source="wordnet-3.0-examples")
@@ -200,11 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         taken = [name for name in OUT_FILES if (args.out / name).exists()]
         if taken:
             raise ValueError(f"{args.out / taken[0]} exists: choose a new OUT folder")
-        found = examples(args.dict, args.exceptions or args.dict)
-        draw = random.Random(args.seed)
-        split: dict[str, list[Example]] = {"train": [], "test": []}
-        for item in found:
-            split["test" if draw.random() < args.test_fraction else "train"].append(item)
+        split = split_by_sense(
+            examples(args.dict, args.exceptions or args.dict), args.seed, args.test_fraction
+        )
         if not split["train"] or not split["test"]:
             raise ValueError("too few examples for both a training and a test set")
         args.out.mkdir(parents=True, exist_ok=True)
@@ -213,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"wordnet_examples_wsd: error: {err}", file=sys.stderr)
         return 2
-    lemmas = len({(i.lemma, i.pos) for i in found})
+    test = split["test"]
+    lemmas = len({(i.lemma, i.pos) for i in test})
     print(
-        f"{len(split['train'])} training and {len(split['test'])} test examples "
-        f"({len({i.key for i in found})} senses of {lemmas} lemmas) in {args.out}"
+        f"{len(split['train'])} training and {len(test)} test examples (the test set: "
+        f"{len({i.key for i in test})} senses of {lemmas} lemmas) in {args.out}"
     )
     return 0
 

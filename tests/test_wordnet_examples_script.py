@@ -84,6 +84,10 @@ def test_writes_a_split_that_the_wsd_probe_reads(script, wordnet, tmp_path, caps
         sentences += part
         keys.update(part_keys)
     assert len(sentences) == 5
+    # split per sense: only bank's first sense has two examples, so one of them is the test set,
+    # and bank has two senses in training; every other example is a training example
+    test_keys = read_gold_keys(out / "test.gold.key.txt")
+    assert list(test_keys.values()) == [["bank%1:14:00::"]]
     by_text = {" ".join(s.tokens): keys[s.instances[0].id] for s in sentences}
     assert by_text["the mice ran away"] == ["mouse%1:05:00::"]
     tokens = {" ".join(s.tokens): s.tokens[s.instances[0].start] for s in sentences}
@@ -121,3 +125,22 @@ def test_a_folder_without_wordnet_is_one_line(script, tmp_path, capsys):
     assert (
         err.startswith("wordnet_examples_wsd: error: ") and "no index.sense" in err and err.count("\n") == 1
     )
+
+
+def test_a_test_word_needs_two_senses_of_its_lemma_in_training(script):
+    def ex(text, key, lemma="bank"):
+        tokens = text.split()
+        return script.Example(tokens, 0, lemma, "NOUN", key)
+
+    found = [
+        ex("bank one", "bank%1"),
+        ex("bank two", "bank%1"),
+        ex("bank three", "bank%1"),
+        ex("bank river", "bank%2"),
+        ex("lone a", "lone%1", "lone"),  # two examples of a lemma's only sense: not a choice
+        ex("lone b", "lone%1", "lone"),
+    ]
+    split = script.split_by_sense(found, seed=7, test_fraction=0.5)
+    assert [e.key for e in split["test"]] == ["bank%1"]  # int(3 * 0.5) = 1 of bank%1's three
+    assert sorted(e.key for e in split["train"]) == ["bank%1", "bank%1", "bank%2", "lone%1"]
+    assert split == script.split_by_sense(found, seed=7, test_fraction=0.5)

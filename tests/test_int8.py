@@ -47,7 +47,10 @@ def test_int8_form_is_close_to_float32_and_quantizes_every_big_matmul(tiny):
     q = quantize_bilm(tiny)
     assert is_int8(q) and not is_int8(tiny)
     assert all(isinstance(layer, Int8BiLstmLayer) for layer in q.lstm.layers)
-    assert all(isinstance(m, Int8Linear) for m in [*q.token_encoder.highway.carry, *q.token_encoder.highway.transform])
+    assert all(
+        isinstance(m, Int8Linear)
+        for m in [*q.token_encoder.highway.carry, *q.token_encoder.highway.transform]
+    )
     assert q.token_encoder.projection is None or isinstance(q.token_encoder.projection, Int8Linear)
     ids = tiny.batch_to_ids(sentences)
     with torch.inference_mode():
@@ -115,10 +118,14 @@ def test_int8_embedder_is_close_to_float32_in_warm_mode_and_warns_nothing(tiny):
 
 def test_int8_is_refused_off_the_cpu_and_without_a_quantized_engine(tiny, monkeypatch):
     """Checked before any device is looked for: this machine need not have CUDA."""
-    with pytest.raises(ValueError, match=r"^dtype int8 runs on the CPU only, not on cuda: pass device='cpu'$"):
+    with pytest.raises(
+        ValueError, match=r"^dtype int8 runs on the CPU only, not on cuda: pass device='cpu'$"
+    ):
         Embedder(tiny, dtype="int8", device="cuda")
     monkeypatch.setattr(type(torch.backends.quantized), "engine", property(lambda self: "none"))
-    with pytest.raises(ValueError, match=r"^dtype int8 needs PyTorch's quantized engine x86, fbgemm or qnnpack"):
+    with pytest.raises(
+        ValueError, match=r"^dtype int8 needs PyTorch's quantized engine x86, fbgemm or qnnpack"
+    ):
         Embedder(tiny, dtype="int8")
 
 
@@ -152,11 +159,13 @@ def test_layer_cache_keys_int8_layers_apart(tmp_path):
     int8_cache = LayerCache(TINY_REFERENCE, tmp_path, dtype="int8")
     int8 = int8_cache.layers(sentences, name="toy")
     assert int8.created and int8.path != float32.path
-    assert LayerCache(TINY_REFERENCE, tmp_path).key(sentences) == LayerCache(TINY_REFERENCE, tmp_path).key(sentences)
+    assert int8_cache.key(sentences) != LayerCache(TINY_REFERENCE, tmp_path).key(sentences)
     expected = list(Embedder(TINY_REFERENCE, dtype="int8").embed_sentences(sentences))
     for i, array in enumerate(expected):
         np.testing.assert_allclose(int8[i], array, rtol=0, atol=1e-6)
     assert max(float(np.abs(int8[i] - float32[i]).max()) for i in range(len(sentences))) > 1e-4
     assert not LayerCache(TINY_REFERENCE, tmp_path, dtype="int8").layers(sentences, name="toy").created
-    with pytest.raises(ValueError, match=r"^the layer cache's dtype must be float32 or int8, got 'bfloat16'$"):
+    with pytest.raises(
+        ValueError, match=r"^the layer cache's dtype must be float32 or int8, got 'bfloat16'$"
+    ):
         LayerCache(TINY_REFERENCE, tmp_path, dtype="bfloat16")

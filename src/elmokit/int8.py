@@ -173,6 +173,11 @@ def is_int8(bilm: BiLM) -> bool:
     return any(isinstance(layer, Int8BiLstmLayer) for layer in bilm.lstm.layers)
 
 
+def _int8_linear(linear: nn.Module) -> Int8Linear:
+    assert isinstance(linear, nn.Linear)
+    return Int8Linear(linear.weight, linear.bias)
+
+
 def quantize_bilm(bilm: BiLM) -> BiLM:
     """A new BiLM (of the same class, in eval mode, on the CPU in float32) whose LSTM layers,
     highway layers and token projection run int8 matmuls; ``bilm`` is not changed. Inference
@@ -184,10 +189,10 @@ def quantize_bilm(bilm: BiLM) -> BiLM:
     model.token_encoder.clear_cache()  # encodings kept by the float32 model are not the int8 model's
     encoder = model.token_encoder
     highway = encoder.highway
-    highway.carry = nn.ModuleList(Int8Linear(lin.weight, lin.bias) for lin in highway.carry)
-    highway.transform = nn.ModuleList(Int8Linear(lin.weight, lin.bias) for lin in highway.transform)
+    highway.carry = nn.ModuleList(_int8_linear(linear) for linear in highway.carry)
+    highway.transform = nn.ModuleList(_int8_linear(linear) for linear in highway.transform)
     if encoder.projection is not None:
-        encoder.projection = Int8Linear(encoder.projection.weight, encoder.projection.bias)  # type: ignore[assignment]
+        encoder.projection = _int8_linear(encoder.projection)  # type: ignore[assignment]
     model.lstm.layers = nn.ModuleList(Int8BiLstmLayer(layer) for layer in model.lstm.lstm_layers)
     for param in model.parameters():
         param.requires_grad_(False)

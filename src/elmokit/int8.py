@@ -11,9 +11,9 @@ the model's (layers, mask, final state), so every mode of the Embedder works on 
 
 Which matmuls are int8 was measured (docs/export.md, "int8 on the PyTorch path"): every one is
 faster in int8 at the shapes of the shipped and published models except the LSTM projection
-(dim -> projection_dim) at a few rows, where reading the int8 weights saves less than quantizing
+(dim -> projection_dim) at one row, where reading the int8 weights saves less than quantizing
 the input costs; the projection therefore runs int8 only for steps of at least
-``PROJECTION_MIN_ROWS`` rows and in float32 below.
+``PROJECTION_MIN_ROWS`` rows per direction and in float32 below.
 
 CPU only, and only where PyTorch has a quantized engine (x86, fbgemm or qnnpack).
 """
@@ -36,7 +36,7 @@ __all__ = ["PROJECTION_MIN_ROWS", "Int8BiLstmLayer", "Int8Linear", "check_int8",
 ENGINES = ("x86", "fbgemm", "qnnpack")
 
 # The LSTM projection runs int8 for steps of at least this many rows (per direction), else float32.
-PROJECTION_MIN_ROWS = 8
+PROJECTION_MIN_ROWS = 2
 
 
 @contextmanager
@@ -104,7 +104,9 @@ class Int8BiLstmLayer(nn.Module):
         super().__init__()
         self.dim, self.output_dim = layer.dim, layer.output_dim
         self.cell_clip, self.proj_clip = layer.cell_clip, layer.proj_clip
-        w_in, w_hidden, bias = layer.weight_input, layer.weight_hidden, layer.bias  # TF layout [in, out]
+        w_in, w_hidden = layer.weight_input.detach(), layer.weight_hidden.detach()  # TF layout [in, out]
+        bias = layer.bias.detach().clone()
+        bias[:, 2 * self.dim : 3 * self.dim] += FORGET_BIAS  # added once here, not at every step
         self.input = nn.ModuleList(Int8Linear(w_in[d].t(), bias[d]) for d in range(2))
         self.hidden = nn.ModuleList(Int8Linear(w_hidden[d].t(), None) for d in range(2))
         self.projection: nn.ModuleList | None = None
@@ -120,7 +122,8 @@ class Int8BiLstmLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As ``BiLstmLayer.forward``: the input side of the gates for groups of steps at a time,
         then per step the recurrent matmul of each direction and the cell, in place in buffers
-        (a row that has ended keeps its last cell, which is its final cell)."""
+        (a row that has ended keeps its last cell, which is its final cell). Views are made
+        again only when the number of rows drops."""
         sizes, offsets = packing.batch_sizes, packing.offsets
         dim, proj = self.dim, h0.shape[-1]
         running = [n for n in sizes if n > 0]
@@ -129,24 +132,26 @@ class Int8BiLstmLayer(nn.Module):
         widest = sizes[0] if sizes else 0
         gate_buffer = inputs.new_empty(2 * widest * 4 * dim)
         hidden_buffer = inputs.new_empty(2 * widest * dim)
-        h_prev = h0
+        h_prev, n_prev = h0, None
         outputs = []
         for start, end in packing.groups(max(INPUT_CHUNK_ELEMENTS // (8 * dim), 1)):
             rows = slice(offsets[start], offsets[end])
-            projected = torch.stack([self.input[d](inputs[d, rows]) for d in range(2)])
-            for t, step_input in enumerate(projected.split(sizes[start:end], dim=1), start):
+            # each direction's input side of the gates, split by step (no copy into one tensor)
+            split = [self.input[d](inputs[d, rows]).split(sizes[start:end]) for d in range(2)]
+            for t, step_input in enumerate(zip(*split), start):
                 n = sizes[t]
-                gates = gate_buffer[: 2 * n * 4 * dim].view(2, n, 4 * dim)
+                if n != n_prev:  # rows only end (sizes do not increase): views for the n left
+                    gates = gate_buffer[: 2 * n * 4 * dim].view(2, n, 4 * dim)
+                    i, j, f, o = gates.chunk(4, dim=-1)
+                    fo, c_t, h_prev, n_prev = gates[..., 2 * dim :], c[:, :n], h_prev[:, :n], n
+                    hidden = hidden_buffer[: 2 * n * dim].view(2, n, dim)
                 for d in range(2):
-                    torch.add(step_input[d], self.hidden[d](h_prev[d, :n]), out=gates[d])
-                i, j, f, o = gates.chunk(4, dim=-1)
-                c_t = c[:, :n]
-                f.add_(FORGET_BIAS)
-                gates[..., 2 * dim :].sigmoid_()  # f and o
+                    torch.add(step_input[d], self.hidden[d](h_prev[d]), out=gates[d])
+                fo.sigmoid_()
                 c_t.mul_(f).addcmul_(i.sigmoid_(), j.tanh_())
                 if self.cell_clip is not None:
                     c_t.clamp_(-self.cell_clip, self.cell_clip)
-                hidden = torch.mul(o, torch.tanh(c_t), out=hidden_buffer[: 2 * n * dim].view(2, n, dim))
+                torch.mul(o, torch.tanh(c_t, out=j), out=hidden)
                 h_t = h_blocks[t].view(2, n, proj)
                 if self.projection is None:
                     h_t.copy_(hidden)

@@ -169,3 +169,36 @@ def test_layer_cache_keys_int8_layers_apart(tmp_path):
         ValueError, match=r"^the layer cache's dtype must be float32 or int8, got 'bfloat16'$"
     ):
         LayerCache(TINY_REFERENCE, tmp_path, dtype="bfloat16")
+
+
+def test_task_with_int8_elmo_features_trains_caches_apart_and_reloads(tmp_path, capsys):
+    """elmokit task ... --elmo-dtype int8: the layers are the int8 form's, cached under their
+    own keys; the reloaded model embeds with int8 too and predicts what was written."""
+    from elmokit.tasks import TrainedTask
+
+    from .test_tasks import toy_ner, write_conll
+
+    rng = random.Random(7)
+    files = {s: write_conll(tmp_path / f"{s}.txt", toy_ner(rng, 8)) for s in ("train", "dev", "test")}
+    cache = tmp_path / "cache"
+    base = ["task", "ner", "--train", files["train"], "--dev", files["dev"], "--test", files["test"]]
+    base += ["--elmo", TINY_REFERENCE, "--epochs", "1", "--hidden", "8", "--cache-dir", str(cache), "--quiet"]
+    assert main([*base, "--elmo-dtype", "int8", "--out", str(tmp_path / "int8")]) == 0
+    metrics = json.loads((tmp_path / "int8" / "metrics.json").read_text())
+    assert metrics["elmo_dtype"] == "int8"
+    int8_files = set(cache.glob("*.h5"))
+    assert len(int8_files) == 3
+    assert main([*base, "--out", str(tmp_path / "float32")]) == 0  # float32 layers: new files
+    assert len(set(cache.glob("*.h5")) - int8_files) == 3
+    trained = TrainedTask.load(tmp_path / "int8")
+    assert trained.config.elmo_dtype == "int8"
+    blocks = (tmp_path / "int8" / "test.predictions.txt").read_text().strip().split("\n\n")
+    rows = [[line.split() for line in block.splitlines()] for block in blocks]
+    assert trained.predict([[r[0] for r in s] for s in rows]) == [[r[2] for r in s] for s in rows]
+    capsys.readouterr()
+    no_elmo = ["task", "ner", "--train", files["train"], "--dev", files["dev"], "--test", files["test"]]
+    assert main([*no_elmo, "--no-elmo", "--elmo-dtype", "int8", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "elmokit: error: --elmo-dtype int8 applies to a frozen biLM's features "
+        "(drop --no-elmo or --fine-tune-elmo)\n"
+    )

@@ -202,3 +202,23 @@ def test_task_with_int8_elmo_features_trains_caches_apart_and_reloads(tmp_path, 
         "elmokit: error: --elmo-dtype int8 applies to a frozen biLM's features "
         "(drop --no-elmo or --fine-tune-elmo)\n"
     )
+
+
+def test_int8_form_pickles_exactly_and_embeds_a_file_in_two_processes(tiny, tmp_path):
+    """The packed int8 weights travel as their int8 values and scales: a pickled copy gives the
+    same numbers, and embed_file with processes=2 writes what one process writes."""
+    import pickle
+
+    q = quantize_bilm(tiny)
+    ids = tiny.batch_to_ids(_sentences(5, seed=8))
+    with torch.inference_mode():
+        expected, again = q(ids), pickle.loads(pickle.dumps(q))(ids)
+    assert torch.equal(expected.layers, again.layers)
+    text = tmp_path / "in.txt"
+    text.write_text("".join(" ".join(s) + "\n" for s in _sentences(6, seed=9)), encoding="utf-8")
+    embedder = Embedder(q, batch_size=2)
+    embedder.embed_file(text, tmp_path / "one.hdf5", progress=False)
+    embedder.embed_file(text, tmp_path / "two.hdf5", progress=False, processes=2)
+    with h5py.File(tmp_path / "one.hdf5", "r") as one, h5py.File(tmp_path / "two.hdf5", "r") as two:
+        for i in range(6):
+            np.testing.assert_array_equal(one[str(i)][()], two[str(i)][()])

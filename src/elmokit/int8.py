@@ -73,20 +73,48 @@ def reduce_range() -> bool:
 
 class Int8Linear(nn.Module):
     """y = x W^T + b with W int8 (per output channel, symmetric) and x quantized per call:
-    (..., in_features) -> (..., out_features), float32 in and out."""
+    (..., in_features) -> (..., out_features), float32 in and out.
+
+    It pickles (and deep-copies) as its int8 values, scales and bias, and packs them again when
+    loaded: the packed weight itself cannot be sent to another process (``embed_file`` with
+    ``processes=N``)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         """weight (out_features, in_features) and bias (out_features,) in float32."""
         super().__init__()
         weight = weight.detach().float().cpu().contiguous()
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
-        zero_points = torch.zeros(len(scales), dtype=torch.long)
         with _quiet_quantization():
-            quantized = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
-            b = None if bias is None else bias.detach().float().cpu().contiguous()
-            self._packed = torch.ops.quantized.linear_prepack(quantized, b)
+            quantized = torch.quantize_per_channel(
+                weight, scales, torch.zeros_like(scales).long(), 0, torch.qint8
+            )
+        self._pack(quantized.int_repr(), scales, None if bias is None else bias.detach().float().cpu())
+
+    def _pack(self, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Pack int8 values (out_features, in_features) with their per-row scales (float64)."""
+        self.out_features, self.in_features = values.shape
+        weight = (values.double() * scales.unsqueeze(1)).float()  # requantized to the same values
+        with _quiet_quantization():
+            quantized = torch.quantize_per_channel(
+                weight, scales, torch.zeros_like(scales).long(), 0, torch.qint8
+            )
+            self._packed = torch.ops.quantized.linear_prepack(quantized, bias)
         self.reduce_range = reduce_range()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        weight, bias = torch.ops.quantized.linear_unpack(self._packed)
+        # as numpy arrays, pickled by value: a temporary tensor sent to a spawned process would
+        # go through shared memory and be freed before the process reads it
+        arrays = (weight.int_repr(), weight.q_per_channel_scales(), bias)
+        state["_packed"] = tuple(None if a is None else a.numpy() for a in arrays)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        values, scales, bias = (None if a is None else torch.from_numpy(a) for a in state.pop("_packed"))
+        self.__dict__.update(state)
+        assert values is not None and scales is not None
+        self._pack(values, scales, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x, self._packed, self.reduce_range)

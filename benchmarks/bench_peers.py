@@ -15,7 +15,10 @@ the first ``--n-sentences`` non-empty lines of FILE (whitespace tokens):
   ``build_allennlp`` and ``install_batch_to_ids``). One random-weight model in the published
   "small" shape is written with ``BiLM.save`` (options.json + weights.hdf5) and both load that
   file. Peer: ``ElmoEmbedder.embed_batch`` (its ``_ElmoBiLm``) fed length-sorted batches of
-  ``--batch-size`` ("batch"), ``ElmoEmbedder.embed_sentence`` ("sentence").
+  ``--batch-size`` ("batch"), ``ElmoEmbedder.embed_sentence`` ("sentence"). The cases
+  "batch-int8" and "sentence-int8" run the same peer call against elmokit's int8 form
+  (``Embedder(dtype="int8")``, approximate: docs/export.md), "batch-onnxruntime" and
+  "sentence-onnxruntime" against its onnxruntime backend (float32, exact to 1e-5).
 - ``elmoformanylangs``: ELMoForManyLangs' ``Embedder(folder, batch_size).sents2elmo(sentences,
   output_layer=-2)`` ("batch"; it sorts by length itself) or one sentence per call ("sentence"),
   on a random-weight model in its published original-size config
@@ -79,7 +82,8 @@ from elmokit.options import preset
 ROOT = Path(__file__).resolve().parents[1]
 ALLENNLP_BUILDER = ROOT / "tests" / "fixtures" / "allennlp-0.9" / "make_reference.py"
 PEERS = ("allennlp", "elmoformanylangs", "bilm-tf")
-CASES = ("batch", "sentence")
+# -int8: elmokit's side in int8 (approximate); -onnxruntime: its onnxruntime backend (float32)
+CASES = ("batch", "sentence", "batch-int8", "sentence-int8", "batch-onnxruntime", "sentence-onnxruntime")
 EFML_CONFIG = "cnn_50_100_512_4096_sample.json"  # ELMoForManyLangs' published original size
 MIN_PAIRS = 2
 
@@ -144,7 +148,26 @@ def same_model_check(peer_first: np.ndarray, ours_first: np.ndarray) -> float:
 
 
 def elmokit_side(bilm: elmokit.BiLM, case: str, batch_size: int) -> Embed:
-    """elmokit's call for a case; a fresh Embedder (empty token cache) for every round."""
+    """elmokit's call for a case; a fresh Embedder (empty token cache) for every round. The
+    "-int8" cases run the int8 form (``elmokit.int8``), made once, its token cache emptied at the
+    start of every round; the "-onnxruntime" cases one Embedder of backend onnxruntime (the model
+    exported once; that backend keeps no token cache)."""
+    if case.endswith("-onnxruntime"):
+        embedder = elmokit.Embedder(bilm, batch_size=batch_size, backend="onnxruntime")
+        if case == "batch-onnxruntime":
+            return lambda sentences: list(embedder.embed_sentences(sentences))
+        return lambda sentences: [embedder.embed_sentence(s) for s in sentences]
+    if case.endswith("-int8"):
+        from elmokit.int8 import quantize_bilm
+
+        bilm = quantize_bilm(bilm)
+        fresh = elmokit_side(bilm, case.removesuffix("-int8"), batch_size)
+
+        def int8(sentences: list[list[str]]) -> object:
+            bilm.token_encoder.clear_cache()
+            return fresh(sentences)
+
+        return int8
     if case == "batch":
         return lambda sentences: list(
             elmokit.Embedder(bilm, batch_size=batch_size).embed_sentences(sentences)
@@ -162,7 +185,7 @@ def run_cases(peers: dict[str, tuple[Embed, str]], bilm: elmokit.BiLM, sentences
     sentences; one result per case with both calls named."""
     results = []
     for case in args.cases:
-        embed, what = peers[case]
+        embed, what = peers[case.split("-")[0]]
         result = interleave(case, embed, elmokit_side(bilm, case, args.batch_size), sentences, args, pauser)
         results.append(
             {"peer_call": what, "elmokit_call": ELMOKIT_CALLS[case].format(size=args.batch_size), **result}
@@ -318,6 +341,10 @@ def run_elmoformanylangs(
 ELMOKIT_CALLS = {
     "batch": "Embedder(model, batch_size={size}).embed_sentences(sentences), a fresh Embedder each round",
     "sentence": "Embedder.embed_sentence(sentence), one sentence per call, a fresh Embedder each round",
+    "batch-int8": "Embedder(int8 form, batch_size={size}).embed_sentences(sentences), int8 matmuls",
+    "sentence-int8": "Embedder(int8 form).embed_sentence(sentence), one sentence per call, int8 matmuls",
+    "batch-onnxruntime": "Embedder(backend='onnxruntime', batch_size={size}).embed_sentences(sentences)",
+    "sentence-onnxruntime": "Embedder(backend='onnxruntime').embed_sentence(sentence), one sentence per call",
 }
 
 
@@ -353,7 +380,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sentences", required=True, help="text file, one whitespace-tokenized sentence a line")
     p.add_argument("--peer", default="all", help=f"comma list of: {', '.join(PEERS)}; or all (default)")
-    p.add_argument("--cases", default=",".join(CASES), help="comma list of: batch, sentence (default both)")
+    p.add_argument(
+        "--cases",
+        default="batch,sentence",
+        help=f"comma list of: {', '.join(CASES)} (default batch,sentence)",
+    )
     p.add_argument("--allennlp-wheel", type=Path, help="allennlp-0.9.0-py3-none-any.whl (pip download)")
     p.add_argument("--n-sentences", type=int, default=256, help="the first N sentences of FILE (default 256)")
     p.add_argument("--batch-size", type=int, default=64)

@@ -341,8 +341,6 @@ def test_unsupported_settings_are_refused(tiny, tiny_runtime):
         Embedder(tiny, backend="tvm")
     with pytest.raises(ValueError, match=r"^backend onnxruntime runs on the CPU in float32 or int8"):
         Embedder(tiny, backend="onnxruntime", dtype="bfloat16")
-    with pytest.raises(ValueError, match=r"^dtype int8 runs on the onnxruntime backend"):
-        Embedder(tiny, dtype="int8")
     with pytest.raises(ValueError, match=r"^onnx_file x.onnx runs on the onnxruntime backend: pass backend="):
         Embedder(tiny, onnx_file="x.onnx")  # never silently ignored
     ids = tiny.batch_to_ids([["a", "b"], ["c"]])

@@ -450,7 +450,7 @@ class StatefulBiLM(BiLM):
             return super().forward(char_ids, state)
         if state is not None:
             return super().forward(char_ids, state, keep_sentence_boundaries, window)
-        initial = self.carried.initial(self, char_ids.shape[0], self.lstm.lstm_layers[0].weight_hidden)
+        initial = self.carried.initial(self, char_ids.shape[0], next(self.parameters()))
         out = super().forward(char_ids, initial, keep_sentence_boundaries, window)
         self.carried.update(out.state)
         return out

@@ -461,7 +461,8 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
         choices=["float32", "bfloat16", "int8"],
         default="float32",
         help="bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with AVX-512 bf16 (slower at batch 1), "
-        "cosine 0.9999 to float32; int8: with --backend onnxruntime, int8 matmuls (docs/export.md)",
+        "cosine 0.9999 to float32; int8: int8 matmuls on the CPU, approximate (cosine about 0.999 "
+        "to float32), also with --backend onnxruntime (docs/export.md)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 

@@ -28,6 +28,7 @@ from .atomic import check_output
 from .bilm import BiLM, CarriedState
 from .characters import check_token_lists
 from .devices import resolve_device, this_process
+from .int8 import check_int8, quantize_bilm
 from .lstm import LstmState
 from .textfiles import count_lines, line_splitter, read_lines
 from .vectors_file import (
@@ -89,8 +90,9 @@ class Embedder:
     ``max_tokens_per_batch`` tokens (padding included). ``dtype`` "bfloat16" (or "bf16", or
     ``torch.bfloat16``) runs the model in bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with
     AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (README, "Speed");
-    float32 is the default; "int8" (with ``backend`` "onnxruntime") runs the exported graph
-    with int8 matmuls (opt-in, approximate: docs/export.md). A BiLM passed in is never changed:
+    float32 is the default; "int8" (opt-in, approximate, CPU only: docs/export.md) runs the
+    model's big matmuls with int8 weights (``elmokit.int8``), or with ``backend`` "onnxruntime"
+    the exported graph with int8 matmuls. A BiLM passed in is never changed:
     when it is on another device or dtype the Embedder runs a copy, and it runs in eval mode only
     for the duration of a batch. Each batch runs the model's own forward, so its token encodings
     come through the model's one token cache (``bilm.token_encoder.cache_size``, the kernel
@@ -129,7 +131,7 @@ class Embedder:
             "onnx_file": onnx_file,
         }
         asked_warm = mode == "warm"
-        int8 = dtype == "int8"  # onnxruntime's int8 graph (backend onnxruntime); the model stays float32
+        int8 = dtype == "int8"  # the int8 form (backend torch) or onnxruntime's int8 graph
         dtype = torch.float32 if int8 else dtype
         mode = "warm" if mode is None else mode
         if mode not in MODES:
@@ -142,15 +144,21 @@ class Embedder:
             raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        torch_int8 = int8 and backend == "torch"  # elmokit.int8: the model's matmuls in int8
+        if torch_int8:
+            check_int8("cpu" if device is None else device)  # before any device is looked for
         if isinstance(model, BiLM):
             bilm = model
         else:
             bilm = BiLM.from_pretrained(model)  # any form: name, folder, .zip, URL, hf://; None: the default
         if device is None:
-            device = "cuda" if torch.cuda.is_available() and backend == "torch" else _device(bilm)
+            gpu = torch.cuda.is_available() and backend == "torch" and not int8
+            device = "cuda" if gpu else _device(bilm)
         device = resolve_device(device)
         weight = next(bilm.parameters())
-        if weight.device != device or weight.dtype != dtype:
+        if torch_int8:
+            bilm = quantize_bilm(bilm)  # a copy on the CPU (the model handed in is not changed)
+        elif weight.device != device or weight.dtype != dtype:
             # a model handed in is never changed: run a copy on the requested device and dtype
             bilm = (copy.deepcopy(bilm) if bilm is model else bilm).to(device=device, dtype=dtype)
         if bilm is not model:
@@ -162,7 +170,7 @@ class Embedder:
         self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
         # backend "onnxruntime": batches run through an exported file (elmokit.onnx_export)
         self.onnx = None
-        if backend != "torch" or int8 or onnx_file is not None:
+        if backend != "torch" or onnx_file is not None:
             self.onnx = _onnx_backend(backend, bilm, onnx_file, dtype, int8)
         if asked_warm and bilm.start_state is None:
             warnings.warn(
@@ -466,8 +474,7 @@ def _onnx_backend(
     if backend not in ("torch", "onnxruntime"):
         raise ValueError(f"backend must be torch or onnxruntime, got {backend!r}")
     if backend != "onnxruntime":
-        what = "dtype int8" if int8 else f"onnx_file {onnx_file}"
-        raise ValueError(f"{what} runs on the onnxruntime backend: pass backend='onnxruntime'")
+        raise ValueError(f"onnx_file {onnx_file} runs on the onnxruntime backend: pass backend='onnxruntime'")
     if _device(bilm).type != "cpu" or dtype != torch.float32:
         raise ValueError("backend onnxruntime runs on the CPU in float32 or int8: pass device='cpu'")
     from .onnx_export import OnnxBiLM, export_onnx, quantize_int8

@@ -115,7 +115,8 @@ class CachedLayers:
 class LayerCache:
     """Compute-once store of biLM layers for data sets.
 
-    model: a shipped model name or a model folder (options.json + weights.hdf5).
+    model: a shipped model name or a model folder (options.json + weights.hdf5). ``dtype``
+    "int8" stores the layers of the int8 form (``Embedder(dtype="int8")``), under their own key.
     """
 
     def __init__(
@@ -126,6 +127,7 @@ class LayerCache:
         max_tokens_per_batch: int | None = 4096,
         device: str | None = None,
         progress: bool = False,
+        dtype: str = "float32",
     ) -> None:
         options, weights = hub.model_files(model)
         self.model = str(model)
@@ -133,17 +135,24 @@ class LayerCache:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.batch_size, self.max_tokens_per_batch = batch_size, max_tokens_per_batch
         self.device, self.progress = device, progress
+        if dtype not in ("float32", "int8"):
+            raise ValueError(f"the layer cache's dtype must be float32 or int8, got {dtype!r}")
+        self.dtype = dtype
         self._embedder: Embedder | None = None
 
     def model_identity(self) -> dict:
-        """What the layers depend on besides the data."""
-        return {
+        """What the layers depend on besides the data (the dtype only when it is not float32,
+        so float32 caches keep the keys they had)."""
+        identity = {
             "format": FORMAT,
             "elmokit": __version__,
             "mode": MODE,
             "options_sha256": file_sha256(self.options_file),
             "weights_sha256": file_sha256(self.weights_file),
         }
+        if self.dtype != "float32":
+            identity["dtype"] = self.dtype
+        return identity
 
     def key(self, sentences: Sequence[Sequence[str]]) -> str:
         ident = {**self.model_identity(), "data_sha256": sentences_digest(sentences)}
@@ -165,6 +174,7 @@ class LayerCache:
                 device=self.device,
                 mode=MODE,
                 max_tokens_per_batch=self.max_tokens_per_batch,
+                dtype=self.dtype,
             )
         return self._embedder
 

@@ -124,6 +124,13 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--elmo-batch-size", type=int, default=defaults.elmo_batch_size)
     p.add_argument(
+        "--elmo-dtype",
+        choices=["float32", "int8"],
+        default=defaults.elmo_dtype,
+        help="the frozen biLM's features: float32 (default) or int8 matmuls (approximate; "
+        "docs/export.md); cached under their own key",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=defaults.threads,
@@ -168,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> TaskConfig:
         model=model,
         cache_dir=args.cache_dir,
         elmo_batch_size=args.elmo_batch_size,
+        elmo_dtype=args.elmo_dtype,
         threads=args.threads,
         progress=not args.quiet,
         overwrite=args.overwrite,

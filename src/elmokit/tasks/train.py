@@ -92,6 +92,7 @@ class TaskConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache_dir: str | None = None
     elmo_batch_size: int = 64
+    elmo_dtype: str = "float32"  # the frozen biLM's features: float32 or int8 (elmokit.int8)
     threads: int | None = 1  # torch CPU threads during the run (None: leave torch's setting)
     word_dropout: float = 0.5  # chance of replacing a training-set singleton by <unk>
     progress: bool = True
@@ -113,6 +114,12 @@ class TaskConfig:
             raise ValueError(
                 "--fine-tune-elmo uses the Elmo module's own scalar mixes: --layers and --mix-l2 "
                 "apply to the frozen biLM's cached layers only"
+            )
+        if self.elmo_dtype not in ("float32", "int8"):
+            raise ValueError(f"elmo_dtype must be float32 or int8, got {self.elmo_dtype!r}")
+        if self.elmo_dtype != "float32" and (self.elmo is None or self.fine_tune_elmo):
+            raise ValueError(
+                "--elmo-dtype int8 applies to a frozen biLM's features (drop --no-elmo or --fine-tune-elmo)"
             )
         for name in ("rounds", "patience", "round_updates", "batch_size"):
             if getattr(self, name) < 1:
@@ -346,7 +353,11 @@ def _cached_layers(
     if config.elmo is None:
         raise ValueError("no ELMo model in this config")
     cache = LayerCache(
-        config.elmo, config.cache_dir, batch_size=config.elmo_batch_size, progress=config.progress
+        config.elmo,
+        config.cache_dir,
+        batch_size=config.elmo_batch_size,
+        progress=config.progress,
+        dtype=config.elmo_dtype,
     )
     out = {}
     for name, examples in splits.items():
@@ -603,6 +614,7 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
         "elmo": elmo_info["model"],
         "elmo_details": elmo_info,
         "fine_tune_elmo": config.fine_tune_elmo,
+        "elmo_dtype": config.elmo_dtype if config.elmo is not None else None,
         "binary": config.binary if task == "sentiment" else None,
         "epochs": epochs_run,
         "best_epoch": best_epoch,
@@ -710,7 +722,9 @@ class TrainedTask:
         data = encode(examples, self.words, {}, Counter(), tagging=False)  # no targets needed
         if config.elmo is not None and not config.fine_tune_elmo:
             if self._embedder is None:
-                self._embedder = Embedder(config.elmo, batch_size=batch_size, mode="warm")
+                self._embedder = Embedder(
+                    config.elmo, batch_size=batch_size, mode="warm", dtype=config.elmo_dtype
+                )
             data.layers = CachedLayers.from_arrays(
                 list(self._embedder.embed_sentences([ex.tokens for ex in examples]))
             )

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi")
+pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
 
 from elmokit.cli import main  # noqa: E402
 from elmokit.embed import Embedder  # noqa: E402
@@ -759,14 +759,14 @@ def test_text_is_split_on_spaces_or_tokenized_as_the_corpus_was(tiny):
 
 def test_without_the_serve_extra_the_command_says_what_to_install():
     code = (
-        "import sys; sys.modules['fastapi'] = None; from elmokit.cli import main; sys.exit(main(['serve']))"
+        "import sys; sys.modules['starlette'] = None; from elmokit.cli import main; sys.exit(main(['serve']))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
     )
     assert done.returncode == 2
     assert re.fullmatch(
-        r"elmokit: error: elmokit serve needs the serve extra \(.*fastapi.*\); install it with: "
+        r"elmokit: error: elmokit serve needs the serve extra \(.*starlette.*\); install it with: "
         r"pip install 'elmokit\[serve\]'\n",
         done.stderr,
     ), done.stderr

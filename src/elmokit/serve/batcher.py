@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import prometheus_client as prom
-from fastapi import Request
+from starlette.requests import Request
 
 from .config import ServeConfig, ServedModel
 from .limits import RETRY, ApiError, ClientGone

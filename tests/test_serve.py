@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi")
+pytest.importorskip("starlette")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
 
 from elmokit.cli import main  # noqa: E402
 from elmokit.embed import Embedder  # noqa: E402
@@ -759,14 +759,14 @@ def test_text_is_split_on_spaces_or_tokenized_as_the_corpus_was(tiny):
 
 def test_without_the_serve_extra_the_command_says_what_to_install():
     code = (
-        "import sys; sys.modules['fastapi'] = None; from elmokit.cli import main; sys.exit(main(['serve']))"
+        "import sys; sys.modules['starlette'] = None; from elmokit.cli import main; sys.exit(main(['serve']))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
     )
     assert done.returncode == 2
     assert re.fullmatch(
-        r"elmokit: error: elmokit serve needs the serve extra \(.*fastapi.*\); install it with: "
+        r"elmokit: error: elmokit serve needs the serve extra \(.*starlette.*\); install it with: "
         r"pip install 'elmokit\[serve\]'\n",
         done.stderr,
     ), done.stderr
@@ -846,3 +846,48 @@ def test_the_server_says_which_http_stack_it_runs_on(monkeypatch, caplog):
     with caplog.at_level("INFO", logger="elmokit.serve.app"):
         serve_app._log_http_stack()
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", "HTTP: uvloop and httptools")]
+
+
+def test_a_model_is_loaded_and_run_on_one_thread_of_its_own(monkeypatch):
+    """torch's OpenMP threads are a team per calling thread: the warm-up at load and every batch
+    run on the model's one thread, never the event loop's or the caller's."""
+    seen: list[int] = []
+    original = ServedModel.embed
+
+    def recording(self, sentences):
+        seen.append(threading.get_ident())
+        return original(self, sentences)
+
+    monkeypatch.setattr(ServedModel, "embed", recording)
+    model = load_model(TINY_REFERENCE, "cpu", 4096)
+    with TestClient(create_app([model], _config())) as client:
+        for _ in range(2):
+            assert client.post("/v1/embeddings", json={"input": "a b"}).status_code == 200
+    runner = model.runner.submit(threading.get_ident).result()
+    assert seen == [runner] * 3 and runner != threading.get_ident()
+
+
+def test_verbose_reaches_every_worker_process(monkeypatch, tmp_path):
+    """`elmokit -v serve --workers N`: each worker process shows the library's INFO lines too."""
+    import elmokit.serve
+
+    factories: list[str] = []
+    monkeypatch.setattr(
+        elmokit.serve, "serve", lambda *a, worker_factory, **k: factories.append(worker_factory)
+    )
+    assert main(["-v", "serve", "--workers", "2", "--model", "m=x"]) == 0
+    assert main(["serve", "--workers", "2", "--model", "m=x"]) == 0
+    config = ServeConfig(models=(f"tiny={MODELS_DIR / TINY_REFERENCE}",), device="cpu")
+    shown = []
+    for factory in factories:  # what uvicorn does in each worker process
+        code = (
+            "import logging, uvicorn.importer\n"
+            f"uvicorn.importer.import_from_string({factory!r})()\n"
+            "logging.getLogger('elmokit.embed').info('an INFO line of the library')\n"
+        )
+        env = {**_env(), "ELMOKIT_SERVE_CONFIG": config.to_json()}
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+        )
+        shown.append("an INFO line of the library" in done.stderr.splitlines())
+    assert shown == [True, False]

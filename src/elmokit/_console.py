@@ -2,8 +2,9 @@
 the ``elmokit`` logger's one-line messages on stderr, and signal handling for atomic writes
 (SIGTERM during a write raises, so no partial file is left: ``atomic.handle_signals``).
 
-Used by ``elmokit.cli`` and ``python -m elmokit.tasks``; ``serve_worker_app`` is the app factory
-of each process of ``elmokit serve --workers N``, which the command's own set-up does not reach.
+Used by ``elmokit.cli`` and ``python -m elmokit.tasks``; ``serve_worker_app`` (with ``-v``:
+``serve_worker_app_verbose``) is the app factory of each process of ``elmokit serve --workers N``,
+which the command's own set-up does not reach.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from .atomic import handle_signals
 
-__all__ = ["command_context", "serve_worker_app"]
+__all__ = ["command_context", "serve_worker_app", "serve_worker_app_verbose"]
 
 
 class _OneLine(logging.Formatter):
@@ -69,11 +70,21 @@ def serve_worker_app() -> Any:
     """uvicorn's app factory in each process of ``elmokit serve --workers N``: the ``elmokit``
     logger set as the command sets it (warnings and errors on stderr, and the server's own INFO
     lines), for the life of the process, then ``elmokit.serve.create_app_from_env()``."""
+    return _serve_worker(verbose=False)
+
+
+def serve_worker_app_verbose() -> Any:
+    """``serve_worker_app`` of ``elmokit -v serve --workers N``: every INFO line of the
+    library too, as ``-v`` shows them in the command's own process."""
+    return _serve_worker(verbose=True)
+
+
+def _serve_worker(verbose: bool) -> Any:
     from .serve import create_app_from_env
 
     logger = logging.getLogger("elmokit")
     logger.addHandler(_stderr_handler())
-    logger.setLevel(logging.WARNING)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = False
     logging.getLogger("elmokit.serve").setLevel(logging.INFO)  # a server's log is its output
     return create_app_from_env()

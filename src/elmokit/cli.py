@@ -746,7 +746,12 @@ def serve_command(args: argparse.Namespace) -> int:
             api_key,
             workers=args.workers,
             drain_seconds=args.drain_seconds,
-            worker_factory="elmokit._console:serve_worker_app",  # sets up logging in each worker
+            # sets up logging in each worker, with -v as in this process
+            worker_factory=(
+                "elmokit._console:serve_worker_app_verbose"
+                if args.verbose
+                else "elmokit._console:serve_worker_app"
+            ),
         )
     finally:
         server_log.setLevel(level)

@@ -12,7 +12,7 @@ depend on what it is batched with, so a request's answer is the one it would get
 
 Models are loaded once, at start; a request can only name one of them, never a path or a URL.
 This package is a product layer over ``elmokit.embed`` and ``elmokit.scoring``: only the CLI
-imports it. It needs the ``serve`` extra (FastAPI, uvicorn, prometheus-client).
+imports it. It needs the ``serve`` extra (Starlette, uvicorn, prometheus-client).
 
 Modules: ``config`` (what the server is started with, the models it loads), ``limits`` (reading
 and checking requests, the JSON errors), ``batcher`` (the queue and worker of each model, the
@@ -22,8 +22,8 @@ metrics), ``app`` (the endpoints, the API key, running the server).
 from __future__ import annotations
 
 try:
-    import fastapi  # noqa: F401
     import prometheus_client  # noqa: F401
+    import starlette  # noqa: F401
     import uvicorn  # noqa: F401
 except ImportError as _err:  # pragma: no cover - depends on the environment
     raise ImportError(

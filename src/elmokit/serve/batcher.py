@@ -9,13 +9,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import prometheus_client as prom
-from fastapi import Request
+from starlette.requests import Request
 
 from .config import ServeConfig, ServedModel
 from .limits import RETRY, ApiError, ClientGone
@@ -37,8 +37,9 @@ class _Job:
 
 
 class Batcher:
-    """The queue of one model and the worker that empties it, one batch at a time, on a thread
-    of its own (so the event loop keeps answering while the model runs)."""
+    """The queue of one model and the worker that empties it, one batch at a time, on the
+    model's own thread (``ServedModel.runner``, so the event loop keeps answering while the
+    model runs)."""
 
     def __init__(self, model: ServedModel, config: ServeConfig, metrics: Metrics) -> None:
         self.model, self.metrics = model, metrics
@@ -46,7 +47,7 @@ class Batcher:
         self.max_queue = config.limits.max_queue
         self.queue: deque[_Job] = deque()
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"elmokit-serve-{model.name}")
+        self._executor = model.runner
         self._task: asyncio.Task | None = None
         self._taken: list[_Job] = []  # the jobs of the batch being gathered or run
 
@@ -62,7 +63,9 @@ class Batcher:
             if not job.future.done():
                 job.future.set_exception(ApiError(503, "the server is shutting down", headers=RETRY))
         self.queue.clear()
-        self._executor.shutdown(wait=True)
+        # the model's thread outlives the app (another app may serve the model): wait for the
+        # batch it may be running, which comes before this in its queue
+        await asyncio.wrap_future(self._executor.submit(_idle))
 
     async def embed(self, sentences: list[list[str]], request: Request) -> list[np.ndarray]:
         """The sentences' arrays, computed in a batch with whatever else is queued."""
@@ -186,7 +189,11 @@ class Batcher:
                 job.future.set_result(result)
 
 
-async def _run_on(loop: asyncio.AbstractEventLoop, executor: ThreadPoolExecutor, fn, *args) -> Any:
+def _idle() -> None:
+    """Nothing: run on a model's thread, its end says the work queued before it is done."""
+
+
+async def _run_on(loop: asyncio.AbstractEventLoop, executor: Executor, fn, *args) -> Any:
     """``fn(*args)`` on ``executor``; an exception is returned, not raised (the worker goes on)."""
     try:
         return await loop.run_in_executor(executor, fn, *args)

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from elmokit.cli import main
 from elmokit.embed import Embedder
@@ -21,7 +22,7 @@ from elmokit.probe import (
     run_probe,
     run_wsd,
 )
-from elmokit.probe.tagging import _scores
+from elmokit.probe.tagging import _scores, _Split, _train_probe
 from elmokit.task_data import TaggedSentence
 
 MODEL = "elmo-tiny-reference"
@@ -333,3 +334,43 @@ def test_the_plot_draws_a_run_and_saved_records(tmp_path, capsys):
     assert main(["probe", "plot", str(tmp_path / "a.json"), "--titles", "x,y", "--out", str(tmp_path / "c.png")]) == 2
     assert _error(capsys) == "elmokit: error: 2 titles for 1 probe records"
     assert not (tmp_path / "c.png").exists()
+
+
+def _xor_split(n: int, seed: int) -> _Split:
+    """Two features per token, one "layer"; the label is whether their signs differ (XOR)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, 2, generator=g) * 2 - 1
+    y = ((x[:, 0, 0] > 0) != (x[:, 0, 1] > 0)).long().numpy()
+    return _Split(x, y, [1] * n)
+
+
+def _xor_accuracy(hidden: int) -> float:
+    train, test = _xor_split(2000, 0), _xor_split(500, 1)
+    stats = (torch.zeros(2, 2), torch.ones(2, 2))
+    settings = ProbeSettings(epochs=40, batch_size=64, lr=0.01, hidden=hidden)
+    probe = _train_probe("0", 0, train, stats, 2, settings, None, None)
+    with torch.no_grad():
+        predicted = probe(test.x).argmax(-1).numpy()
+    return float((predicted == test.y).mean())
+
+
+def test_an_mlp_probe_learns_what_a_linear_one_cannot():
+    assert _xor_accuracy(hidden=0) < 0.7  # no line separates XOR
+    assert _xor_accuracy(hidden=32) > 0.95
+
+
+def test_hidden_units_reach_the_record_and_a_negative_count_is_refused(tmp_path, capsys):
+    chunk = lambda token, rng: "B-NP" if token in ("the", "cat") else "O"  # noqa: E731
+    train = _write_conll(tmp_path / "train.txt", _sentences(12, 7, chunk))
+    test = _write_conll(tmp_path / "test.txt", _sentences(6, 8, chunk))
+    out = tmp_path / "mlp.json"
+    argv = ["probe", "--model", MODEL, "--train", train, "--test", test, "--column", "2"]
+    assert main([*argv, "--seeds", "1", "--layers", "1", "--hidden", "8", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["settings"]["hidden"] == 8 and record["settings"]["classifier"].startswith("MLP")
+    assert record["command"].endswith("--layers 1 --hidden 8")
+    with pytest.raises(SystemExit):
+        main([*argv, "--hidden", "-1"])
+    assert "--hidden" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="hidden must be 0"):
+        ProbeSettings(hidden=-2)

@@ -761,7 +761,7 @@ def serve_command(args: argparse.Namespace) -> int:
 def probe_command(args: argparse.Namespace) -> int:
     """What each layer holds: a linear probe per layer (elmokit.probe), a table and a JSON file."""
     from .atomic import check_output
-    from .probe import probe_files
+    from .probe import ProbeSettings, probe_files
 
     if args.train is None or args.test is None or args.column is None:
         raise ValueError("probe needs --train, --test and --column (or: elmokit probe wsd ...)")
@@ -785,6 +785,7 @@ def probe_command(args: argparse.Namespace) -> int:
         layers=args.layers,
         seeds=args.seeds,
         max_sentences=args.max_sentences,
+        settings=ProbeSettings(hidden=args.hidden),
     )
     print(result.table())
     if args.json is not None:
@@ -1067,6 +1068,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_ranged(int, low=1), default=3, help="probes per layer (default 3)")
     p.add_argument("--layers", default="0,1,2,average,mix", help="default: 0,1,2,average,mix")
     p.add_argument("--max-sentences", type=_ranged(int, low=1), help="the first N training sentences")
+    p.add_argument(
+        "--hidden",
+        type=_ranged(int, low=0),
+        default=0,
+        metavar="N",
+        help="0: a linear probe (default); N: an MLP with one hidden layer of N ReLU units",
+    )
     p.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw the scores per layer (needs matplotlib)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT or PNG if it exists")

@@ -66,7 +66,9 @@ def plot_probes(
         n = len(record.get("seeds", [])) or "?"
         ax.set_title(f"{title}\n{metric}, {n} seeds (bar: mean; line: min-max)", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
-    fig.suptitle(f"linear probe per layer: {records[0].get('model', '')}", fontsize=9)
+    hidden = records[0].get("settings", {}).get("hidden", 0)
+    kind = f"MLP probe ({hidden} hidden units)" if hidden else "linear probe"
+    fig.suptitle(f"{kind} per layer: {records[0].get('model', '')}", fontsize=9)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)

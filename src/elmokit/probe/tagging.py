@@ -142,36 +142,47 @@ def parse_layers(text: str, num_layers: int = 3) -> list[str]:
 class ProbeSettings:
     """How each probe is trained: Adam on minibatches of ``batch_size`` tokens for ``epochs``
     passes (with a dev set, the epoch with the best dev score is kept), features standardised
-    with the training set's mean and spread per layer."""
+    with the training set's mean and spread per layer. ``hidden`` 0 is a linear classifier
+    (softmax regression); N > 0 a small MLP, one hidden layer of N ReLU units."""
 
     epochs: int = 10
     batch_size: int = 256
     lr: float = 3e-3
     weight_decay: float = 0.0
+    hidden: int = 0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError(f"epochs and batch_size must be 1 or more: {self.epochs}, {self.batch_size}")
+        if self.hidden < 0:
+            raise ValueError(f"hidden must be 0 (a linear probe) or more, got {self.hidden}")
         if not self.lr > 0 or self.weight_decay < 0:
             raise ValueError(f"lr must be > 0, weight_decay >= 0: {self.lr}, {self.weight_decay}")
 
 
 class _Probe(nn.Module):
-    """A softmax regression on one layer, the layers' average or a scalar mix of the layers.
+    """A softmax regression (or, with ``hidden`` > 0, an MLP of one hidden ReLU layer) on one
+    layer, the layers' average or a scalar mix of the layers.
 
     x (batch, num_layers, dim) -> logits (batch, num_labels)."""
 
     mean: torch.Tensor
     std: torch.Tensor
 
-    def __init__(self, layer: str, mean: torch.Tensor, std: torch.Tensor, num_labels: int) -> None:
+    def __init__(
+        self, layer: str, mean: torch.Tensor, std: torch.Tensor, num_labels: int, hidden: int = 0
+    ) -> None:
         super().__init__()
         self.layer = layer
         self.register_buffer("mean", mean)  # (num_layers + 1, dim): each layer's, then the average's
         self.register_buffer("std", std)
         num_layers, dim = mean.shape[0] - 1, mean.shape[1]
         self.mix = ScalarMix(num_layers) if layer == "mix" else None
-        self.linear = nn.Linear(dim, num_labels)
+        self.classifier: nn.Module = (
+            nn.Linear(dim, num_labels)
+            if hidden == 0
+            else nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, num_labels))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layer == "average":
@@ -181,7 +192,7 @@ class _Probe(nn.Module):
         else:
             i = int(self.layer)
             h = (x[:, i] - self.mean[i]) / self.std[i]
-        return self.linear(h)
+        return self.classifier(h)
 
 
 def _statistics(x: torch.Tensor, rows: int = 65536) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,11 +261,13 @@ def _train_probe(
 ) -> _Probe:
     """One probe, trained from ``seed`` (its initial weights and the order of the minibatches)."""
     generator = torch.Generator().manual_seed(seed)
-    model = _Probe(layer, stats[0], stats[1], num_labels)
-    bound = 1 / math.sqrt(model.linear.in_features)
-    with torch.no_grad():
-        model.linear.weight.uniform_(-bound, bound, generator=generator)
-        model.linear.bias.uniform_(-bound, bound, generator=generator)
+    model = _Probe(layer, stats[0], stats[1], num_labels, settings.hidden)
+    with torch.no_grad():  # nn.Linear's default initialisation, drawn from the seed's generator
+        for linear in model.classifier.modules():
+            if isinstance(linear, nn.Linear):
+                bound = 1 / math.sqrt(linear.in_features)
+                linear.weight.uniform_(-bound, bound, generator=generator)
+                linear.bias.uniform_(-bound, bound, generator=generator)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     y = torch.from_numpy(train.y)
     best: tuple[float, dict[str, torch.Tensor]] | None = None
@@ -328,7 +341,12 @@ class ProbeResult:
             "sizes": self.sizes,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "settings": {
-                "classifier": "softmax regression on standardised frozen features",
+                "classifier": (
+                    "softmax regression on standardised frozen features"
+                    if self.settings.hidden == 0
+                    else f"MLP (one hidden layer of {self.settings.hidden} ReLU units) on "
+                    "standardised frozen features"
+                ),
                 "optimizer": "Adam",
                 **vars(self.settings),
             },
@@ -371,10 +389,11 @@ def run_probe(
     max_feature_bytes: int | None = None,
 ) -> ProbeResult:
     """Probe each of ``layers`` of ``model`` (an ``Embedder``, or a spec as ``Embedder`` takes
-    it, run in warm mode) with one linear classifier per seed, trained on ``train``'s frozen
-    vectors and scored on ``test`` (and ``dev``). ``metric`` "auto" is span F1 when every training
-    label is O or B-/I-/E-/S-X, else accuracy. Features of all sets are computed once; sets whose
-    features would not fit in ``max_feature_bytes`` (default: 80% of the free memory) are refused
+    it, run in warm mode) with one classifier per seed (linear, or the MLP of
+    ``settings.hidden``), trained on ``train``'s frozen vectors and scored on ``test`` (and
+    ``dev``). ``metric`` "auto" is span F1 when every training label is O or B-/I-/E-/S-X, else
+    accuracy. Features of all sets are computed once; sets whose features would not fit in
+    ``max_feature_bytes`` (default: 80% of the free memory) are refused
     before any work."""
     if metric not in ("auto", "accuracy", "f1"):
         raise ValueError(f"metric must be auto, accuracy or f1, got {metric!r}")
@@ -467,6 +486,8 @@ def probe_files(
     command += ["--seeds", str(seeds), "--layers", ",".join(names)]
     if max_sentences is not None:
         command += ["--max-sentences", str(max_sentences)]
+    if settings.hidden:
+        command += ["--hidden", str(settings.hidden)]
     record = {
         "model": str(model),
         "data": {

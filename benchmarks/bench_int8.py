@@ -22,13 +22,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
 from bench_bilm import read_sentences
+from bench_onnx import speed
 
 from elmokit import Embedder
 from elmokit.bilm import BiLM
@@ -39,51 +38,6 @@ ONNX_VARIANTS = {
     "onnxruntime float32": {"backend": "onnxruntime"},
     "onnxruntime int8": {"backend": "onnxruntime", "dtype": "int8"},
 }
-
-
-def _batch1(embedder: Embedder, sentences: list[list[str]]) -> Callable[[], None]:
-    def run() -> None:
-        for sentence in sentences:
-            embedder.embed_sentence(sentence)
-
-    return run
-
-
-def _batch64(embedder: Embedder, sentences: list[list[str]]) -> Callable[[], None]:
-    def run() -> None:
-        for _ in embedder.embed_sentences(sentences):
-            pass
-
-    return run
-
-
-def speed(
-    bilm: BiLM, sentences: list[list[str]], rounds: int, variants: dict[str, dict[str, str]]
-) -> dict[str, dict[str, float]]:
-    """Median tokens/s of every variant at batch 1 and batch 64, interleaved round by round."""
-    tokens = sum(len(s) for s in sentences)
-    embedders = {name: Embedder(bilm, batch_size=64, mode="zero", **kw) for name, kw in variants.items()}
-    runs = {
-        (name, label): make(embedder, sentences)
-        for name, embedder in embedders.items()
-        for label, make in (("batch1", _batch1), ("batch64", _batch64))
-    }
-    for run in runs.values():  # warm-up
-        run()
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
-    for _ in range(rounds):
-        for key, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[key].append(time.perf_counter() - start)
-    result: dict[str, dict[str, float]] = {}
-    for (name, label), seconds in times.items():
-        result.setdefault(name, {})[label] = round(tokens / statistics.median(seconds), 1)
-    for label in ("batch1", "batch64"):
-        result.setdefault("int8 / float32", {})[label] = round(
-            result["int8"][label] / result["float32"][label], 3
-        )
-    return result
 
 
 def cosines(model: str, sentences: list[list[str]]) -> dict[str, object]:
@@ -133,7 +87,11 @@ def main() -> None:
         torch.manual_seed(0)
         bilm = BiLM(preset(args.shape)).eval()
         variants = {**VARIANTS, **(ONNX_VARIANTS if args.onnx else {})}
-        report["tokens_per_second"] = speed(bilm, sentences, args.rounds, variants)
+        result = speed(bilm, sentences, args.rounds, variants)
+        result = {name: {k: round(v, 1) for k, v in rates.items()} for name, rates in result.items()}
+        labels = ("batch1", "batch64")
+        result["int8 / float32"] = {x: round(result["int8"][x] / result["float32"][x], 3) for x in labels}
+        report["tokens_per_second"] = result
         report["load_after"] = os.getloadavg()
     if args.cosine_model:
         report["int8_cosine"] = cosines(args.cosine_model, sentences)

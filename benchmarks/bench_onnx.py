@@ -53,10 +53,13 @@ def _batch64(embedder: Embedder, sentences: list[list[str]]) -> Callable[[], Non
     return run
 
 
-def speed(bilm: BiLM, sentences: list[list[str]], rounds: int) -> dict[str, dict[str, float]]:
-    """Median tokens/s of every variant at batch 1 and batch 64, interleaved round by round."""
+def speed(
+    bilm: BiLM, sentences: list[list[str]], rounds: int, variants: dict[str, dict[str, str]] = VARIANTS
+) -> dict[str, dict[str, float]]:
+    """Median tokens/s of every variant (Embedder keyword arguments by name) at batch 1 and
+    batch 64, interleaved round by round."""
     tokens = sum(len(s) for s in sentences)
-    embedders = {name: Embedder(bilm, batch_size=64, mode="zero", **kw) for name, kw in VARIANTS.items()}
+    embedders = {name: Embedder(bilm, batch_size=64, mode="zero", **kw) for name, kw in variants.items()}
     runs = {
         (name, label): make(embedder, sentences)
         for name, embedder in embedders.items()

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 from bench_bilm import read_sentences
-from bench_onnx import speed
+from bench_onnx import speed, token_cosines
 
 from elmokit import Embedder
 from elmokit.bilm import BiLM
@@ -50,8 +50,7 @@ def cosines(model: str, sentences: list[list[str]]) -> dict[str, object]:
     for batch_size in (64, 1):
         embedder = Embedder(bilm, dtype="int8", batch_size=batch_size)
         int8 = np.concatenate(list(embedder.embed_sentences(sentences)), axis=1)
-        norms = np.linalg.norm(float32, axis=-1) * np.linalg.norm(int8, axis=-1)
-        cos = (float32 * int8).sum(-1) / norms
+        cos = token_cosines(float32, int8)
         result[f"batch {batch_size}"] = {
             "mean": [round(float(x), 5) for x in cos.mean(axis=1)],
             "min": [round(float(x), 4) for x in cos.min(axis=1)],

@@ -79,6 +79,12 @@ def speed(
     return result
 
 
+def token_cosines(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """(num_layers, tokens, dim) twice -> (num_layers, tokens): each token vector's cosine."""
+    norms = np.linalg.norm(reference, axis=-1) * np.linalg.norm(other, axis=-1)
+    return (reference * other).sum(-1) / norms
+
+
 def cosines(model: str, sentences: list[list[str]]) -> dict[str, list[float]]:
     """Per layer, the mean and minimum cosine of int8 token vectors to float32 ones."""
     from elmokit import BiLM
@@ -87,9 +93,7 @@ def cosines(model: str, sentences: list[list[str]]) -> dict[str, list[float]]:
     float32 = np.concatenate(list(Embedder(bilm).embed_sentences(sentences)), axis=1)
     int8 = Embedder(bilm, backend="onnxruntime", dtype="int8").embed_sentences(sentences)
     quantized = np.concatenate(list(int8), axis=1)
-    cos = (float32 * quantized).sum(-1) / (
-        np.linalg.norm(float32, axis=-1) * np.linalg.norm(quantized, axis=-1)
-    )
+    cos = token_cosines(float32, quantized)
     return {"mean": cos.mean(axis=1).tolist(), "min": cos.min(axis=1).tolist(), "tokens": int(cos.shape[1])}
 
 

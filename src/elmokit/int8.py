@@ -194,11 +194,7 @@ class Int8BiLstmLayer(nn.Module):
                 outputs.append(h_t)
                 h_prev = h_t
         out = torch.cat(outputs, dim=1) if outputs else inputs.new_zeros(2, 0, proj)
-        final_h = h0.clone()
-        ran = (packing.last >= 0).nonzero(as_tuple=True)[0]
-        if len(ran):
-            final_h[:, ran] = out[:, packing.last[ran]]
-        return out, final_h, c
+        return out, packing.final_outputs(out, h0), c
 
 
 def is_int8(bilm: BiLM) -> bool:

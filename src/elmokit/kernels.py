@@ -318,8 +318,4 @@ def lstm_layer_inplace(
             outputs.append(h_t)
             h_prev = h_t
     out = torch.cat(outputs, dim=1) if outputs else inputs.new_zeros(2, 0, proj)
-    final_h = h0.clone()
-    ran = (packing.last >= 0).nonzero(as_tuple=True)[0]
-    if len(ran):
-        final_h[:, ran.to(h0.device)] = out[:, packing.last[ran].to(out.device)]
-    return out, final_h, c
+    return out, packing.final_outputs(out, h0), c

@@ -101,6 +101,15 @@ class Packing(NamedTuple):
         """Number of packed rows (real positions)."""
         return self.offsets[-1] if self.offsets else 0
 
+    def final_outputs(self, outputs: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+        """Each sorted row's output at its last step: packed outputs (2, n_packed, proj) ->
+        (2, batch, proj); a row of length 0 keeps its row of h0 (2, batch, proj)."""
+        final = h0.clone()
+        ran = (self.last >= 0).nonzero(as_tuple=True)[0]
+        if len(ran):
+            final[:, ran.to(h0.device)] = outputs[:, self.last[ran].to(outputs.device)]
+        return final
+
     def groups(self, max_rows: int) -> Iterator[tuple[int, int]]:
         """(first step, end step) of consecutive groups of the running steps, each of at most
         ``max_rows`` packed rows (or one step, if that step alone has more)."""

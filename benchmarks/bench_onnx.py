@@ -15,6 +15,7 @@ mean and minimum cosine of each token's int8 vector to its float32 vector on the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 from bench_bilm import read_sentences
 
-from elmokit import Embedder
+from elmokit import Embedder, kernels
 from elmokit.bilm import BiLM
 from elmokit.options import preset
 
@@ -56,23 +57,38 @@ def _batch64(embedder: Embedder, sentences: list[list[str]]) -> Callable[[], Non
 def speed(
     bilm: BiLM, sentences: list[list[str]], rounds: int, variants: dict[str, dict[str, str]] = VARIANTS
 ) -> dict[str, dict[str, float]]:
-    """Median tokens/s of every variant (Embedder keyword arguments by name) at batch 1 and
-    batch 64, interleaved round by round."""
+    """Median tokens/s of every variant at batch 1 and batch 64, interleaved round by round.
+    A variant is Embedder keyword arguments by name, and optionally ``disable`` (a comma list
+    of kernels turned off while it runs) and ``cache_min_tokens`` (set on its model's token
+    encoder). Every run starts with empty token caches, so a cache serves only the repeats
+    within one pass over the sentences."""
     tokens = sum(len(s) for s in sentences)
-    embedders = {name: Embedder(bilm, batch_size=64, mode="zero", **kw) for name, kw in variants.items()}
+    embedders, disabled = {}, {}
+    for name, options in variants.items():
+        kw = {k: v for k, v in options.items() if k not in ("disable", "cache_min_tokens")}
+        embedders[name] = Embedder(bilm, batch_size=64, mode="zero", **kw)
+        if "cache_min_tokens" in options:
+            embedders[name].bilm.token_encoder.cache_min_tokens = int(options["cache_min_tokens"])
+        disabled[name] = [k for k in options.get("disable", "").split(",") if k]
     runs = {
         (name, label): make(embedder, sentences)
         for name, embedder in embedders.items()
         for label, make in (("batch1", _batch1), ("batch64", _batch64))
     }
-    for run in runs.values():  # warm-up
-        run()
+
+    def timed(name: str, run: Callable[[], None]) -> float:
+        embedders[name].bilm.token_encoder.clear_cache()
+        with kernels.disabled(*disabled[name]) if disabled[name] else contextlib.nullcontext():
+            start = time.perf_counter()
+            run()
+            return time.perf_counter() - start
+
+    for (name, _), run in runs.items():  # warm-up
+        timed(name, run)
     times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
     for _ in range(rounds):
         for key, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[key].append(time.perf_counter() - start)
+            times[key].append(timed(key[0], run))
     result: dict[str, dict[str, float]] = {}
     for (name, label), seconds in times.items():
         result.setdefault(name, {})[label] = tokens / statistics.median(seconds)

@@ -15,7 +15,8 @@ from elmokit import Embedder, StatefulBiLM
 from elmokit.bilm import BiLM
 from elmokit.cli import main
 from elmokit.hub import TINY_REFERENCE
-from elmokit.int8 import PROJECTION_MIN_ROWS, Int8BiLstmLayer, Int8Linear, is_int8, quantize_bilm
+from elmokit import int8, kernels
+from elmokit.int8 import Int8BiLstmLayer, Int8Linear, direction_steps, is_int8, quantize_bilm, scripted
 from elmokit.lstm import BiLstmLayer
 from elmokit.tasks import LayerCache
 
@@ -40,10 +41,8 @@ def tiny() -> BiLM:
 
 def test_int8_form_is_close_to_float32_and_quantizes_every_big_matmul(tiny):
     """Per layer a mean cosine above 0.999 to float32 (minimum above 0.995), the same mask, but
-    not the float32 numbers; a batch of 12 runs steps of both projection forms (>= and < 8 rows)."""
+    not the float32 numbers."""
     sentences = _sentences(12)
-    longest = max(len(s) for s in sentences)  # the first step has 12 rows, the last fewer than 8
-    assert len(sentences) >= PROJECTION_MIN_ROWS > sum(len(s) == longest for s in sentences)
     q = quantize_bilm(tiny)
     assert is_int8(q) and not is_int8(tiny)
     assert all(isinstance(layer, Int8BiLstmLayer) for layer in q.lstm.layers)
@@ -67,6 +66,57 @@ def test_int8_form_is_close_to_float32_and_quantizes_every_big_matmul(tiny):
     for e, a in zip(expected.state, actual.state):
         assert e.shape == a.shape and float((e - a).abs().max()) < 1.0
     assert quantize_bilm(q) is q  # already int8: nothing to do
+
+
+@pytest.mark.parametrize("n_sentences", [1, 12])
+def test_scripted_lstm_steps_equal_the_python_function(tiny, n_sentences):
+    """Kernel ``lstm_scripted``: TorchScript compiles ``direction_steps`` and gives the numbers
+    Python gives running it, bit for bit, for one row per step and for rows that end."""
+    assert isinstance(scripted(direction_steps), torch.jit.ScriptFunction)
+    q = quantize_bilm(tiny)
+    ids = tiny.batch_to_ids(_sentences(n_sentences, seed=11))
+    with torch.inference_mode():
+        fast = q(ids, "zero")
+        with kernels.disabled("lstm_scripted"):
+            plain = q(ids, "zero")
+    assert torch.equal(fast.layers, plain.layers)
+    assert all(torch.equal(a, b) for a, b in zip(fast.state, plain.state))
+
+
+def test_steps_run_in_python_where_torchscript_cannot_compile_them(tiny, monkeypatch, caplog):
+    def refuse(function):
+        raise RuntimeError("no TorchScript here")
+
+    monkeypatch.setattr(int8, "_scripted", {})
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    with caplog.at_level("INFO", logger="elmokit.int8"):
+        assert scripted(direction_steps) is direction_steps
+    assert "direction_steps runs in Python: TorchScript cannot compile it (no TorchScript here)" in caplog.text
+    q = quantize_bilm(tiny)
+    ids = tiny.batch_to_ids(_sentences(3, seed=12))
+    with torch.inference_mode():
+        python = q(ids, "zero").layers
+    monkeypatch.undo()
+    with torch.inference_mode():
+        assert torch.equal(python, q(ids, "zero").layers)
+
+
+def test_int8_token_cache_serves_one_sentence_per_call(tiny):
+    """The int8 form's encodings depend only on the char CNN's float weights, so its cache
+    serves from the first token; the float32 model keeps its threshold. Editing those weights
+    still empties the cache."""
+    embedder = Embedder(tiny, dtype="int8", mode="zero")
+    encoder = embedder.bilm.token_encoder
+    assert encoder.cache_min_tokens == 0 and tiny.token_encoder.cache_min_tokens > 0
+    sentence = ["the", "cat", "sat", "on", "the", "mat"]  # 5 distinct tokens, and <S>, </S>
+    first = embedder.embed_sentence(sentence)
+    assert encoder.cache_stats == (0, 7)
+    np.testing.assert_array_equal(embedder.embed_sentence(sentence), first)
+    assert encoder.cache_stats == (7, 7)
+    with torch.no_grad():
+        encoder.char_cnn.embedding.weight.mul_(2.0)
+    changed = embedder.embed_sentence(sentence)
+    assert encoder.cache_stats == (0, 7) and np.abs(changed - first).max() > 1e-3
 
 
 def test_the_model_handed_in_is_not_changed(tiny):

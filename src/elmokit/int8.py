@@ -9,11 +9,10 @@ char embedding stay float32, and so do the cell's elementwise steps: the same ga
 f, o), forget bias, cell clip and projection clip as ``elmokit.lstm``. The outputs contract is
 the model's (layers, mask, final state), so every mode of the Embedder works on it.
 
-Which matmuls are int8 was measured (docs/export.md, "int8 on the PyTorch path"): every one is
-faster in int8 at the shapes of the shipped and published models except the LSTM projection
-(dim -> projection_dim) at one row, where reading the int8 weights saves less than quantizing
-the input costs; the projection therefore runs int8 only for steps of at least
-``PROJECTION_MIN_ROWS`` rows per direction and in float32 below.
+Each LSTM direction runs as one function of its steps (``direction_steps``), which TorchScript
+compiles (the kernel ``lstm_scripted``): at one sentence per call the int8 matmuls are so small
+that calling them from Python cost more than computing them. Speed and accuracy are measured in
+docs/export.md, "int8 on the PyTorch path".
 
 CPU only, and only where PyTorch has a quantized engine (x86, fbgemm or qnnpack).
 """
@@ -21,22 +20,34 @@ CPU only, and only where PyTorch has a quantized engine (x86, fbgemm or qnnpack)
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
 
+from . import kernels
 from .bilm import BiLM
 from .lstm import FORGET_BIAS, INPUT_CHUNK_ELEMENTS, BiLstmLayer, Packing
 
-__all__ = ["PROJECTION_MIN_ROWS", "Int8BiLstmLayer", "Int8Linear", "check_int8", "is_int8", "quantize_bilm"]
+__all__ = [
+    "Int8BiLstmLayer",
+    "Int8Linear",
+    "check_int8",
+    "direction_steps",
+    "is_int8",
+    "quantize_bilm",
+    "scripted",
+]
+
+logger = logging.getLogger(__name__)
 
 ENGINES = ("x86", "fbgemm", "qnnpack")
 
-# The LSTM projection runs int8 for steps of at least this many rows (per direction), else float32.
-PROJECTION_MIN_ROWS = 2
+T = TypeVar("T")
 
 
 @contextmanager
@@ -123,6 +134,27 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+_scripted: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def scripted(function: Callable[..., T]) -> Callable[..., T]:
+    """``function`` compiled by TorchScript (once per process), or ``function`` itself where
+    TorchScript cannot compile it (no source files, a PyTorch without TorchScript): the same
+    operations, with Python between them. TorchScript's deprecation warning is silenced here
+    only: no other form of PyTorch runs a loop of operations without Python and without a C++
+    compiler at run time."""
+    if function not in _scripted:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                compiled = torch.jit.script(function)
+        except Exception as error:
+            logger.info("%s runs in Python: TorchScript cannot compile it (%s)", function.__name__, error)
+            compiled = function
+        _scripted[function] = compiled
+    return _scripted[function]
+
+
 class Int8BiLstmLayer(nn.Module):
     """``BiLstmLayer`` with int8 matmuls, inference only: the same ``forward`` contract
     (packed inputs (2, n_packed, input_dim), h0, c0 in sorted row order -> packed outputs, final
@@ -138,63 +170,94 @@ class Int8BiLstmLayer(nn.Module):
         self.input = nn.ModuleList(Int8Linear(w_in[d].t(), bias[d]) for d in range(2))
         self.hidden = nn.ModuleList(Int8Linear(w_hidden[d].t(), None) for d in range(2))
         self.projection: nn.ModuleList | None = None
-        self.weight_projection: torch.Tensor | None  # (2, dim, projection_dim), float32
-        self.register_buffer("weight_projection", None)
         if layer.weight_projection is not None:
             w_proj = layer.weight_projection.detach().float()
-            self.weight_projection = w_proj.clone()
             self.projection = nn.ModuleList(Int8Linear(w_proj[d].t(), None) for d in range(2))
 
     def forward(
         self, inputs: torch.Tensor, packing: Packing, h0: torch.Tensor, c0: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """As ``BiLstmLayer.forward``: the input side of the gates for groups of steps at a time,
-        then per step the recurrent matmul of each direction and the cell, in place in buffers
-        (a row that has ended keeps its last cell, which is its final cell). Views are made
-        again only when the number of rows drops."""
-        sizes, offsets = packing.batch_sizes, packing.offsets
-        dim, proj = self.dim, h0.shape[-1]
-        running = [n for n in sizes if n > 0]
-        h_blocks = inputs.new_empty(2 * packing.size * proj).split([2 * n * proj for n in running])
-        c = c0.clone()
-        widest = sizes[0] if sizes else 0
-        gate_buffer = inputs.new_empty(2 * widest * 4 * dim)
-        hidden_buffer = inputs.new_empty(2 * widest * dim)
-        h_prev, n_prev = h0, None
-        outputs = []
-        for start, end in packing.groups(max(INPUT_CHUNK_ELEMENTS // (8 * dim), 1)):
-            rows = slice(offsets[start], offsets[end])
-            # each direction's input side of the gates, split by step (no copy into one tensor)
-            split = [self.input[d](inputs[d, rows]).split(sizes[start:end]) for d in range(2)]
-            for t, step_input in enumerate(zip(*split), start):
-                n = sizes[t]
-                if n != n_prev:  # rows only end (sizes do not increase): views for the n left
-                    gates = gate_buffer[: 2 * n * 4 * dim].view(2, n, 4 * dim)
-                    i, j, f, o = gates.chunk(4, dim=-1)
-                    fo, c_t, h_prev, n_prev = gates[..., 2 * dim :], c[:, :n], h_prev[:, :n], n
-                    hidden = hidden_buffer[: 2 * n * dim].view(2, n, dim)
-                for d in range(2):
-                    torch.add(step_input[d], self.hidden[d](h_prev[d]), out=gates[d])
-                fo.sigmoid_()
-                c_t.mul_(f).addcmul_(i.sigmoid_(), j.tanh_())
-                if self.cell_clip is not None:
-                    c_t.clamp_(-self.cell_clip, self.cell_clip)
-                torch.mul(o, torch.tanh(c_t, out=j), out=hidden)
-                h_t = h_blocks[t].view(2, n, proj)
-                if self.projection is None:
-                    h_t.copy_(hidden)
-                elif n >= PROJECTION_MIN_ROWS:
-                    for d in range(2):
-                        h_t[d] = self.projection[d](hidden[d])
-                else:
-                    assert self.weight_projection is not None
-                    torch.bmm(hidden, self.weight_projection, out=h_t)
-                if self.proj_clip is not None:
-                    h_t.clamp_(-self.proj_clip, self.proj_clip)
-                outputs.append(h_t)
-                h_prev = h_t
-        out = torch.cat(outputs, dim=1) if outputs else inputs.new_zeros(2, 0, proj)
-        return out, packing.final_outputs(out, h0), c
+        """As ``BiLstmLayer.forward``, one direction after the other by ``direction_steps``
+        (compiled by TorchScript with the kernel ``lstm_scripted``, else run by Python)."""
+        sizes = [n for n in packing.batch_sizes if n > 0]
+        ends = [end for _, end in packing.groups(max(INPUT_CHUNK_ELEMENTS // (4 * self.dim), 1))]
+        steps = scripted(direction_steps) if kernels.enabled("lstm_scripted") else direction_steps
+        reduce_range = cast(Int8Linear, self.hidden[0]).reduce_range
+        outputs, cells = [], []
+        for d in range(2):
+            projection = None if self.projection is None else self.projection[d]._packed
+            out, c = steps(
+                inputs[d],
+                sizes,
+                packing.offsets,
+                ends,
+                self.input[d]._packed,
+                self.hidden[d]._packed,
+                projection,
+                h0[d],
+                c0[d],
+                self.cell_clip,
+                self.proj_clip,
+                reduce_range,
+            )
+            outputs.append(out)
+            cells.append(c)
+        out = torch.stack(outputs)
+        return out, packing.final_outputs(out, h0), torch.stack(cells)
+
+
+def direction_steps(
+    inputs: torch.Tensor,
+    sizes: list[int],
+    offsets: list[int],
+    group_ends: list[int],
+    w_input: torch.classes.quantized.LinearPackedParamsBase,  # type: ignore[name-defined]
+    w_hidden: torch.classes.quantized.LinearPackedParamsBase,  # type: ignore[name-defined]
+    w_proj: torch.classes.quantized.LinearPackedParamsBase | None,  # type: ignore[name-defined]
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+    reduce_range: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One direction's steps, the cell of ``Int8BiLstmLayer.forward`` (TorchScript compiles
+    this function; it also runs as Python): inputs (n_packed, input_dim), sizes and offsets as
+    ``Packing``'s (running steps only), group_ends the end step of each group whose input side
+    is one matmul, packed int8 weights (the input matmul's bias holds the forget bias), h0
+    (batch, proj), c0 (batch, dim) -> packed outputs (n_packed, proj) and final c (batch, dim)."""
+    dim = c0.shape[-1]
+    out = inputs.new_empty(offsets[len(sizes)], h0.shape[-1])
+    c = c0.clone()
+    widest = sizes[0] if len(sizes) > 0 else 0
+    gate_buffer = inputs.new_empty(widest * 4 * dim)
+    h_prev = h0
+    start = 0
+    for end in group_ends:
+        rows = inputs[offsets[start] : offsets[end]]
+        projected = torch.ops.quantized.linear_dynamic(rows, w_input, reduce_range)
+        for t in range(start, end):
+            n = sizes[t]
+            first = offsets[t] - offsets[start]
+            gates = gate_buffer[: n * 4 * dim].view(n, 4 * dim)
+            recurrent = torch.ops.quantized.linear_dynamic(h_prev[:n], w_hidden, reduce_range)
+            torch.add(projected[first : first + n], recurrent, out=gates)
+            i, j, f, o = gates.chunk(4, dim=-1)
+            gates[:, 2 * dim :].sigmoid_()
+            c_t = c[:n]
+            c_t.mul_(f).addcmul_(i.sigmoid_(), j.tanh_())
+            if cell_clip is not None:
+                c_t.clamp_(-cell_clip, cell_clip)
+            hidden = torch.mul(o, torch.tanh(c_t, out=j))
+            h_t = out[offsets[t] : offsets[t] + n]
+            if w_proj is None:
+                h_t.copy_(hidden)
+            else:
+                h_t.copy_(torch.ops.quantized.linear_dynamic(hidden, w_proj, reduce_range))
+            if proj_clip is not None:
+                h_t.clamp_(-proj_clip, proj_clip)
+            h_prev = h_t
+        start = end
+    return out, c
 
 
 def is_int8(bilm: BiLM) -> bool:
@@ -222,6 +285,10 @@ def quantize_bilm(bilm: BiLM) -> BiLM:
     highway.transform = nn.ModuleList(_int8_linear(linear) for linear in highway.transform)
     if encoder.projection is not None:
         encoder.projection = _int8_linear(encoder.projection)  # type: ignore[assignment]
+    # The encodings now depend on float weights of under a megabyte (char embedding and CNN), so
+    # checking them costs less than the tokens a sentence finds in the cache save: the cache
+    # serves even one sentence per call (docs/export.md, "int8 on the PyTorch path").
+    encoder.cache_min_tokens = 0
     model.lstm.layers = nn.ModuleList(Int8BiLstmLayer(layer) for layer in model.lstm.lstm_layers)
     for param in model.parameters():
         param.requires_grad_(False)

@@ -14,6 +14,8 @@ The kernels, by name (``enabled(name)``):
   ``token_cache``); plain form: every call encodes its tokens.
 - ``lstm_inplace``: without autograd, an LSTM layer's steps written into buffers made once per
   call (``lstm_layer_inplace``); plain form: ``BiLstmLayer._step`` out of place, step by step.
+- ``lstm_scripted``: the int8 LSTM's steps of each direction (``int8.direction_steps``) compiled
+  by TorchScript (``int8.scripted``); plain form: the same function run by Python.
 - ``pinned_copy``: the Embedder's vectors copied from a GPU through a page-locked buffer
   (``Embedder._to_host``); plain form: ``.cpu()``.
 - ``hdf5_free_lists``: libhdf5 hands the blocks it frees back to malloc while vector files are
@@ -49,6 +51,7 @@ NAMES = (
     "sampled_softmax",
     "token_cache",
     "lstm_inplace",
+    "lstm_scripted",
     "pinned_copy",
     "hdf5_free_lists",
 )

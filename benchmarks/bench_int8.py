@@ -7,9 +7,8 @@
 
 Speed: for a random model of a published shape (speed does not depend on the weights), Embedders
 on the same model: ``float32`` (the default path), ``int8`` (``elmokit.int8``), the int8 form
-with its LSTM steps run by Python (the kernel ``lstm_scripted`` off) and with the float32 model's
-token cache threshold (``cache_min_tokens`` 64 instead of 0), and, with ``--onnx``, onnxruntime's
-float32 and int8 graphs. Each round runs every variant once on the same sentences, in turn, at
+with its LSTM steps run by Python (the kernel ``lstm_scripted`` off) and, with ``--onnx``,
+onnxruntime's float32 and int8 graphs. Each round runs every variant once on the same sentences, in turn, at
 batch 1 (one sentence per call, ``embed_sentence``) and at batch 64 (``embed_sentences``), each
 pass with empty token caches; the median over the rounds is reported in tokens/s, with the load
 average before and after, and the ratios of int8 to the others. ``--rounds 0`` skips the speed
@@ -39,10 +38,8 @@ from elmokit.options import preset
 VARIANTS: dict[str, dict[str, str]] = {
     "float32": {},
     "int8": {"dtype": "int8"},
-    # the same int8 model with its LSTM steps run by Python, and with the float32 model's token
-    # cache threshold: what the kernel lstm_scripted and the int8 cache setting each give
+    # the int8 model with its LSTM steps run by Python: what the kernel lstm_scripted gives
     "int8, steps in Python": {"dtype": "int8", "disable": "lstm_scripted"},
-    "int8, cache from 64 tokens": {"dtype": "int8", "cache_min_tokens": "64"},
 }
 ONNX_VARIANTS = {
     "onnxruntime float32": {"backend": "onnxruntime"},
@@ -99,7 +96,7 @@ def main() -> None:
         result = speed(bilm, sentences, args.rounds, variants)
         result = {name: {k: round(v, 1) for k, v in rates.items()} for name, rates in result.items()}
         labels = ("batch1", "batch64")
-        for other in ("float32", "int8, steps in Python", "int8, cache from 64 tokens"):
+        for other in ("float32", "int8, steps in Python"):
             result[f"int8 / {other}"] = {x: round(result["int8"][x] / result[other][x], 3) for x in labels}
         report["tokens_per_second"] = result
         report["load_after"] = os.getloadavg()

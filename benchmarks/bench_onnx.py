@@ -59,16 +59,13 @@ def speed(
 ) -> dict[str, dict[str, float]]:
     """Median tokens/s of every variant at batch 1 and batch 64, interleaved round by round.
     A variant is Embedder keyword arguments by name, and optionally ``disable`` (a comma list
-    of kernels turned off while it runs) and ``cache_min_tokens`` (set on its model's token
-    encoder). Every run starts with empty token caches, so a cache serves only the repeats
-    within one pass over the sentences."""
+    of kernels turned off while it runs). Every run starts with empty token caches, so a cache
+    serves only the repeats within one pass over the sentences."""
     tokens = sum(len(s) for s in sentences)
     embedders, disabled = {}, {}
     for name, options in variants.items():
-        kw = {k: v for k, v in options.items() if k not in ("disable", "cache_min_tokens")}
+        kw = {k: v for k, v in options.items() if k != "disable"}
         embedders[name] = Embedder(bilm, batch_size=64, mode="zero", **kw)
-        if "cache_min_tokens" in options:
-            embedders[name].bilm.token_encoder.cache_min_tokens = int(options["cache_min_tokens"])
         disabled[name] = [k for k in options.get("disable", "").split(",") if k]
     runs = {
         (name, label): make(embedder, sentences)

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import Embedder, StatefulBiLM
+from elmokit import Embedder, StatefulBiLM, int8, kernels
 from elmokit.bilm import BiLM
 from elmokit.cli import main
 from elmokit.hub import TINY_REFERENCE
-from elmokit import int8, kernels
 from elmokit.int8 import Int8BiLstmLayer, Int8Linear, direction_steps, is_int8, quantize_bilm, scripted
 from elmokit.lstm import BiLstmLayer
 from elmokit.tasks import LayerCache
@@ -91,7 +90,9 @@ def test_steps_run_in_python_where_torchscript_cannot_compile_them(tiny, monkeyp
     monkeypatch.setattr(torch.jit, "script", refuse)
     with caplog.at_level("INFO", logger="elmokit.int8"):
         assert scripted(direction_steps) is direction_steps
-    assert "direction_steps runs in Python: TorchScript cannot compile it (no TorchScript here)" in caplog.text
+    assert (
+        "direction_steps runs in Python: TorchScript cannot compile it (no TorchScript here)" in caplog.text
+    )
     q = quantize_bilm(tiny)
     ids = tiny.batch_to_ids(_sentences(3, seed=12))
     with torch.inference_mode():
@@ -99,24 +100,6 @@ def test_steps_run_in_python_where_torchscript_cannot_compile_them(tiny, monkeyp
     monkeypatch.undo()
     with torch.inference_mode():
         assert torch.equal(python, q(ids, "zero").layers)
-
-
-def test_int8_token_cache_serves_one_sentence_per_call(tiny):
-    """The int8 form's encodings depend only on the char CNN's float weights, so its cache
-    serves from the first token; the float32 model keeps its threshold. Editing those weights
-    still empties the cache."""
-    embedder = Embedder(tiny, dtype="int8", mode="zero")
-    encoder = embedder.bilm.token_encoder
-    assert encoder.cache_min_tokens == 0 and tiny.token_encoder.cache_min_tokens > 0
-    sentence = ["the", "cat", "sat", "on", "the", "mat"]  # 5 distinct tokens, and <S>, </S>
-    first = embedder.embed_sentence(sentence)
-    assert encoder.cache_stats == (0, 7)
-    np.testing.assert_array_equal(embedder.embed_sentence(sentence), first)
-    assert encoder.cache_stats == (7, 7)
-    with torch.no_grad():
-        encoder.char_cnn.embedding.weight.mul_(2.0)
-    changed = embedder.embed_sentence(sentence)
-    assert encoder.cache_stats == (0, 7) and np.abs(changed - first).max() > 1e-3
 
 
 def test_the_model_handed_in_is_not_changed(tiny):

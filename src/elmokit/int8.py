@@ -285,10 +285,6 @@ def quantize_bilm(bilm: BiLM) -> BiLM:
     highway.transform = nn.ModuleList(_int8_linear(linear) for linear in highway.transform)
     if encoder.projection is not None:
         encoder.projection = _int8_linear(encoder.projection)  # type: ignore[assignment]
-    # The encodings now depend on float weights of under a megabyte (char embedding and CNN), so
-    # checking them costs less than the tokens a sentence finds in the cache save: the cache
-    # serves even one sentence per call (docs/export.md, "int8 on the PyTorch path").
-    encoder.cache_min_tokens = 0
     model.lstm.layers = nn.ModuleList(Int8BiLstmLayer(layer) for layer in model.lstm.lstm_layers)
     for param in model.parameters():
         param.requires_grad_(False)

@@ -2,7 +2,7 @@
 
     git worktree add ../elmokit-before 1215ffd      # the version to compare with
     python benchmarks/bench_before_after.py --before ../elmokit-before/src \\
-        --sentences FILE [--batch-sizes 1,64] [--n-sentences 256] [--rounds 7] [--shipped] \\
+        --sentences FILE [--batch-sizes 1,64] [--n-sentences 256] [--rounds 7] [--shipped | --int8] \\
         [--train GLOB [--vocab FILE] [--train-steps 20]] [--shape small] [--threads 2] [--json OUT]
 
 The package under ``--before`` (a ``src`` folder holding ``elmokit/``) is copied to a temporary
@@ -16,6 +16,9 @@ over the batches with each version (``model(char_ids)`` under ``torch.no_grad``,
 token cache emptied before the pass), in alternating order (before first in odd rounds). Printed:
 median tokens/s of each and the median of the per-round ratios after/before, and the largest
 difference between the two versions' outputs.
+
+With ``--int8``, each version's int8 form of that model (``elmokit.int8.quantize_bilm``; the
+older checkout must have one).
 
 With ``--shipped``, the shipped model (``elmo-news-512``, each version's own copy) instead, the
 way users run it: ``Embedder(...).embed_sentences(sentences)`` at each batch size (warm mode,
@@ -171,6 +174,11 @@ def inference(before: ModuleType, args: argparse.Namespace, folder: Path) -> lis
         "before": before.BiLM.load(options_file, weight_file),
         "after": elmokit.BiLM.load(options_file, weight_file),
     }
+    if args.int8:  # each version's int8 form of the same model
+        models = {
+            "before": importlib.import_module(f"{before.__name__}.int8").quantize_bilm(models["before"]),
+            "after": importlib.import_module("elmokit.int8").quantize_bilm(models["after"]),
+        }
     sentences = read_sentences(args.sentences, args.n_sentences)
     tokens = sum(len(s) for s in sentences)
     results = []
@@ -190,7 +198,7 @@ def inference(before: ModuleType, args: argparse.Namespace, folder: Path) -> lis
         ratios = [a / b for a, b in zip(rates["after"], rates["before"])]
         results.append(
             {
-                "case": f"inference, {args.shape} shape, batch {size}",
+                "case": f"inference, {args.shape} shape{', int8' if args.int8 else ''}, batch {size}",
                 "unit": "tokens/s",
                 "before": statistics.median(rates["before"]),
                 "after": statistics.median(rates["after"]),
@@ -287,6 +295,7 @@ def main() -> None:
     p.add_argument("--n-sentences", type=int, default=256)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--shipped", action="store_true", help="Embedder and Elmo on the shipped model")
+    p.add_argument("--int8", action="store_true", help="inference: each version's int8 form (elmokit.int8)")
     p.add_argument("--train", help="training corpus glob (enables the training comparison)")
     p.add_argument("--vocab", help="vocabulary file for --train (default: every token of it)")
     p.add_argument("--train-steps", type=int, default=20, help="timed steps per version")
@@ -297,6 +306,8 @@ def main() -> None:
         p.error("give --sentences (inference), --train (training), or both")
     if args.vocab and not args.train:
         p.error("--vocab goes with --train")
+    if args.int8 and (args.shipped or not args.sentences):
+        p.error("--int8 goes with --sentences, without --shipped")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; before = {args.before}")
     results: list[dict[str, Any]] = []

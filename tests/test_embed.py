@@ -540,3 +540,20 @@ def test_embedder_vectors_are_the_models_own_bit_for_bit(bilm, sentences, monkey
         for i, array in enumerate(arrays):
             assert np.array_equal(array, layers[:, i, : len(batch[i])])
     assert bilm.token_encoder.cache_stats[0] > 0
+
+
+def test_embedding_runs_in_eval_mode_and_gives_the_model_back_in_its_mode():
+    """A model in training mode embeds without dropout and is given back in training mode, each
+    submodule as it was; a model in eval mode throughout stays so."""
+    from elmokit import BiLM, Embedder
+    from elmokit.hub import TINY_REFERENCE
+
+    bilm = BiLM.from_pretrained(TINY_REFERENCE)
+    bilm.lstm.dropout = 0.5  # dropout that would change the vectors if it ran
+    expected = Embedder(bilm, mode="zero").embed_sentence(["a", "cat"])
+    bilm.train()
+    np.testing.assert_array_equal(Embedder(bilm, mode="zero").embed_sentence(["a", "cat"]), expected)
+    assert all(m.training for m in bilm.modules())
+    bilm.eval()
+    Embedder(bilm, mode="zero").embed_sentence(["a", "cat"])
+    assert not any(m.training for m in bilm.modules())

@@ -167,6 +167,10 @@ class Int8BiLstmLayer(nn.Module):
         w_in, w_hidden = layer.weight_input.detach(), layer.weight_hidden.detach()  # TF layout [in, out]
         bias = layer.bias.detach().clone()
         bias[:, 2 * self.dim : 3 * self.dim] += FORGET_BIAS  # added once here, not at every step
+        # the gates' order i, j, f, o becomes i, f, o, j: the three sigmoid gates side by side
+        dim = self.dim
+        order = torch.cat([torch.arange(0, dim), torch.arange(2 * dim, 4 * dim), torch.arange(dim, 2 * dim)])
+        w_in, w_hidden, bias = w_in[..., order], w_hidden[..., order], bias[..., order]
         self.input = nn.ModuleList(Int8Linear(w_in[d].t(), bias[d]) for d in range(2))
         self.hidden = nn.ModuleList(Int8Linear(w_hidden[d].t(), None) for d in range(2))
         self.projection: nn.ModuleList | None = None
@@ -223,40 +227,44 @@ def direction_steps(
     """One direction's steps, the cell of ``Int8BiLstmLayer.forward`` (TorchScript compiles
     this function; it also runs as Python): inputs (n_packed, input_dim), sizes and offsets as
     ``Packing``'s (running steps only), group_ends the end step of each group whose input side
-    is one matmul, packed int8 weights (the input matmul's bias holds the forget bias), h0
-    (batch, proj), c0 (batch, dim) -> packed outputs (n_packed, proj) and final c (batch, dim)."""
+    is one matmul, packed int8 weights whose gates are in the order (i, f, o, j) (the input
+    matmul's bias holds the forget bias), h0 (batch, proj), c0 (batch, dim) -> packed outputs
+    (n_packed, proj) and final c (batch, dim). The gates go to one buffer and the cell is
+    updated in place (a row that has ended keeps its last cell, its final one); their views are
+    made again only when the number of rows drops."""
     dim = c0.shape[-1]
-    out = inputs.new_empty(offsets[len(sizes)], h0.shape[-1])
     c = c0.clone()
-    widest = sizes[0] if len(sizes) > 0 else 0
-    gate_buffer = inputs.new_empty(widest * 4 * dim)
+    gate_buffer = inputs.new_empty(sizes[0] if len(sizes) > 0 else 0, 4 * dim)
+    gates, sigmoid_gates, i, f, o, j, c_t = c, c, c, c, c, c, c  # views made at the first step
     h_prev = h0
+    n_prev = -1
+    outputs: list[torch.Tensor] = []
     start = 0
     for end in group_ends:
         rows = inputs[offsets[start] : offsets[end]]
         projected = torch.ops.quantized.linear_dynamic(rows, w_input, reduce_range)
         for t in range(start, end):
             n = sizes[t]
+            if n != n_prev:  # rows only end (sizes do not increase): views for the n left
+                gates, c_t, h_prev, n_prev = gate_buffer[:n], c[:n], h_prev[:n], n
+                sigmoid_gates, j = gates[:, : 3 * dim], gates[:, 3 * dim :]
+                i, f, o = gates[:, :dim], gates[:, dim : 2 * dim], gates[:, 2 * dim : 3 * dim]
             first = offsets[t] - offsets[start]
-            gates = gate_buffer[: n * 4 * dim].view(n, 4 * dim)
-            recurrent = torch.ops.quantized.linear_dynamic(h_prev[:n], w_hidden, reduce_range)
+            recurrent = torch.ops.quantized.linear_dynamic(h_prev, w_hidden, reduce_range)
             torch.add(projected[first : first + n], recurrent, out=gates)
-            i, j, f, o = gates.chunk(4, dim=-1)
-            gates[:, 2 * dim :].sigmoid_()
-            c_t = c[:n]
-            c_t.mul_(f).addcmul_(i.sigmoid_(), j.tanh_())
+            sigmoid_gates.sigmoid_()
+            c_t.mul_(f).addcmul_(i, j.tanh_())
             if cell_clip is not None:
                 c_t.clamp_(-cell_clip, cell_clip)
-            hidden = torch.mul(o, torch.tanh(c_t, out=j))
-            h_t = out[offsets[t] : offsets[t] + n]
-            if w_proj is None:
-                h_t.copy_(hidden)
-            else:
-                h_t.copy_(torch.ops.quantized.linear_dynamic(hidden, w_proj, reduce_range))
+            h = torch.mul(o, torch.tanh(c_t, out=j))
+            if w_proj is not None:
+                h = torch.ops.quantized.linear_dynamic(h, w_proj, reduce_range)
             if proj_clip is not None:
-                h_t.clamp_(-proj_clip, proj_clip)
-            h_prev = h_t
+                h.clamp_(-proj_clip, proj_clip)
+            outputs.append(h)
+            h_prev = h
         start = end
+    out = torch.cat(outputs) if len(outputs) > 0 else inputs.new_empty(0, h0.shape[-1])
     return out, c
 
 

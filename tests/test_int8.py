@@ -15,7 +15,7 @@ from elmokit import Embedder, StatefulBiLM, int8, kernels
 from elmokit.bilm import BiLM
 from elmokit.cli import main
 from elmokit.hub import TINY_REFERENCE
-from elmokit.int8 import Int8BiLstmLayer, Int8Linear, direction_steps, is_int8, quantize_bilm, scripted
+from elmokit.int8 import FORM, Int8BiLstmLayer, Int8Linear, direction_steps, is_int8, quantize_bilm, scripted
 from elmokit.lstm import BiLstmLayer
 from elmokit.tasks import LayerCache
 
@@ -193,6 +193,8 @@ def test_layer_cache_keys_int8_layers_apart(tmp_path):
     int8 = int8_cache.layers(sentences, name="toy")
     assert int8.created and int8.path != float32.path
     assert int8_cache.key(sentences) != LayerCache(TINY_REFERENCE, tmp_path).key(sentences)
+    assert int8_cache.model_identity()["int8_form"] == FORM  # a new int8 form: new keys
+    assert "int8_form" not in LayerCache(TINY_REFERENCE, tmp_path).model_identity()
     expected = list(Embedder(TINY_REFERENCE, dtype="int8").embed_sentences(sentences))
     for i, array in enumerate(expected):
         np.testing.assert_allclose(int8[i], array, rtol=0, atol=1e-6)

@@ -34,6 +34,7 @@ from .bilm import BiLM
 from .lstm import FORGET_BIAS, INPUT_CHUNK_ELEMENTS, BiLstmLayer, Packing
 
 __all__ = [
+    "FORM",
     "Int8BiLstmLayer",
     "Int8Linear",
     "check_int8",
@@ -46,6 +47,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENGINES = ("x86", "fbgemm", "qnnpack")
+
+# The revision of the int8 form's numbers, raised whenever they change (so that caches of int8
+# layers, ``tasks.LayerCache``, are computed again): 2 = the LSTM projection int8 at every row
+# count (1: float32 at one row).
+FORM = 2
 
 T = TypeVar("T")
 

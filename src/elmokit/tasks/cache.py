@@ -31,6 +31,7 @@ import numpy as np
 from .. import __version__, hub
 from ..atomic import atomic_path
 from ..embed import Embedder
+from ..int8 import FORM as INT8_FORM
 from ..weights import UnsafeHDF5Error, WeightFileError, open_hdf5
 
 FORMAT = "elmokit-task-layers-v2"
@@ -140,10 +141,10 @@ class LayerCache:
         self.dtype = dtype
         self._embedder: Embedder | None = None
 
-    def model_identity(self) -> dict:
+    def model_identity(self) -> dict[str, str | int]:
         """What the layers depend on besides the data (the dtype only when it is not float32,
-        so float32 caches keep the keys they had)."""
-        identity = {
+        so float32 caches keep the keys they had; for int8, the revision of the int8 form)."""
+        identity: dict[str, str | int] = {
             "format": FORMAT,
             "elmokit": __version__,
             "mode": MODE,
@@ -152,6 +153,8 @@ class LayerCache:
         }
         if self.dtype != "float32":
             identity["dtype"] = self.dtype
+        if self.dtype == "int8":
+            identity["int8_form"] = INT8_FORM
         return identity
 
     def key(self, sentences: Sequence[Sequence[str]]) -> str:

@@ -11,8 +11,8 @@ the model's (layers, mask, final state), so every mode of the Embedder works on 
 
 Each LSTM direction runs as one function of its steps (``direction_steps``), which TorchScript
 compiles (the kernel ``lstm_scripted``): at one sentence per call the int8 matmuls are so small
-that calling them from Python cost more than computing them. Speed and accuracy are measured in
-docs/export.md, "int8 on the PyTorch path".
+that calling them one by one from Python took a third of the time or more. Speed and accuracy
+are measured in docs/export.md, "int8 on the PyTorch path".
 
 CPU only, and only where PyTorch has a quantized engine (x86, fbgemm or qnnpack).
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import warnings
+from typing import cast
 
 import h5py
 import numpy as np
@@ -13,10 +14,22 @@ import torch
 
 from elmokit import Embedder, StatefulBiLM, int8, kernels
 from elmokit.bilm import BiLM
+from elmokit.char_cnn import CharCNN
 from elmokit.cli import main
 from elmokit.hub import TINY_REFERENCE
-from elmokit.int8 import FORM, Int8BiLstmLayer, Int8Linear, direction_steps, is_int8, quantize_bilm, scripted
+from elmokit.int8 import (
+    FORM,
+    Int8BiLstmLayer,
+    Int8CharCNN,
+    Int8Linear,
+    direction_steps,
+    is_int8,
+    quantize_bilm,
+    scripted,
+    stacked_filters,
+)
 from elmokit.lstm import BiLstmLayer
+from elmokit.options import CharCNNOptions
 from elmokit.tasks import LayerCache
 
 WORDS = "the a cat dog sat ran on under mat house quickly slowly red blue . , and but".split()
@@ -50,6 +63,7 @@ def test_int8_form_is_close_to_float32_and_quantizes_every_big_matmul(tiny):
         for m in [*q.token_encoder.highway.carry, *q.token_encoder.highway.transform]
     )
     assert q.token_encoder.projection is None or isinstance(q.token_encoder.projection, Int8Linear)
+    assert isinstance(q.token_encoder.char_cnn, Int8CharCNN)
     ids = tiny.batch_to_ids(sentences)
     with torch.inference_mode():
         expected, actual = tiny(ids), q(ids)
@@ -65,6 +79,53 @@ def test_int8_form_is_close_to_float32_and_quantizes_every_big_matmul(tiny):
     for e, a in zip(expected.state, actual.state):
         assert e.shape == a.shape and float((e - a).abs().max()) < 1.0
     assert quantize_bilm(q) is q  # already int8: nothing to do
+
+
+def _char_ids(lengths: list[int], padding_id: int, max_chars: int, seed: int) -> torch.Tensor:
+    """Rows of ``max_chars`` shifted char ids: ``length`` random characters (never the padding
+    id), then padding; an all-zero row (no token) for length 0."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.full((len(lengths), max_chars), padding_id)
+    for row, length in enumerate(lengths):
+        chars = torch.randint(1, 261, (length,), generator=generator)
+        ids[row, :length] = torch.where(chars == padding_id, chars + 1, chars)
+        if length == 0:
+            ids[row] = 0
+    return ids
+
+
+@pytest.mark.parametrize("padding_id", [261, 7])  # bilm-tf's padding character, another's
+def test_int8_char_cnn_window_matmul_is_the_convolutions_max(padding_id):
+    """The stacked filters' one matmul over max-width windows gives the convolutions' max over
+    positions at every token length (float64, the matmul in float64 instead of int8): the
+    shortcut loses no window that matters. With int8 the result is within int8 rounding, and the
+    longest bucket (no padded tail) is the float32 convolutions' bit for bit."""
+    options = CharCNNOptions(embedding_dim=6, filters=((1, 4), (2, 5), (3, 8), (5, 8)), n_highway=1)
+    torch.manual_seed(3)
+    cnn = CharCNN(options, padding_id).eval()
+    with torch.no_grad():
+        for conv in cnn.filter_convolutions:
+            cast(torch.Tensor, conv.bias).uniform_(-0.5, 0.5)
+    lengths = [0, 1, 2, 3, 4, 7, 8, 9, 12, 13, 19, 20, 21, 30, 44, 45, 46, 49, 50, 50]
+    ids = _char_ids(lengths, padding_id, options.max_characters_per_token, seed=padding_id)
+
+    double = Int8CharCNN(cnn, max_width=5).double()
+    weight, bias = stacked_filters(cnn.double(), 5)
+    windows = torch.nn.Linear(weight.shape[1], weight.shape[0]).double()
+    windows.weight.data, windows.bias.data = weight, bias
+    double.windows = windows  # type: ignore[assignment]
+    with torch.inference_mode():
+        assert torch.allclose(double(ids), cnn(ids), rtol=0, atol=1e-12)
+    cnn = cnn.float()
+
+    q = Int8CharCNN(cnn, max_width=5)
+    with torch.inference_mode():
+        expected, actual = cnn(ids), q(ids)
+    short = torch.tensor([0 < n <= 20 for n in lengths])
+    cos = torch.nn.functional.cosine_similarity(expected[short], actual[short], dim=-1)
+    assert float(cos.min()) > 0.999
+    assert not torch.equal(expected[short], actual[short])  # int8, not the float32 path
+    assert torch.equal(expected[~short], actual[~short])  # the longest bucket, and no token
 
 
 @pytest.mark.parametrize("n_sentences", [1, 12])

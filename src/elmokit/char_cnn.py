@@ -85,7 +85,10 @@ class CharCNN(nn.Module):
         pieces, start = [], 0
         for end, limit in zip([*bounds, len(ids)], [*self.LENGTH_BUCKETS, self.max_chars]):
             if end > start:
-                pieces.append(self._convolve(ids[start:end, : min(self.max_chars, limit + max_width)]))
+                width = min(self.max_chars, limit + max_width)
+                # whether the last max_width positions of every row are padding characters
+                padded_tail = limit + max_width <= self.max_chars
+                pieces.append(self._convolve(ids[start:end, :width], padded_tail))
                 start = end
         out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         return out[torch.argsort(order)]
@@ -96,8 +99,10 @@ class CharCNN(nn.Module):
         positions = torch.arange(1, char_ids.shape[-1] + 1, device=char_ids.device)
         return ((char_ids != self.padding_id) * positions).amax(dim=-1)
 
-    def _convolve(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation."""
+    def _convolve(self, char_ids: torch.Tensor, padded_tail: bool = False) -> torch.Tensor:
+        """(n, width) -> (n, n_filters): embedding, convolutions, max over positions, activation.
+        ``padded_tail``: the last ``max_width`` positions of every row are padding characters
+        (unused here; a subclass may take a shortcut then, as ``int8.Int8CharCNN`` does)."""
         x = self.embedding(char_ids).transpose(1, 2)  # (n, char_dim, width)
         convs = self.filter_convolutions  # each made with a bias
         pooled = [max_over_windows(x, conv.weight, cast(torch.Tensor, conv.bias)) for conv in convs]

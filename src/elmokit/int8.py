@@ -1,13 +1,14 @@
 """An inference-only int8 form of a BiLM: its big matmuls with int8 weights (PyTorch's fbgemm).
 
 ``quantize_bilm(bilm)`` gives a new BiLM (the one handed in is never changed) whose LSTM input,
-recurrent and projection matmuls, highway layers and token projection run PyTorch's dynamic
-quantized linear (``torch.ops.quantized.linear_dynamic``): weights int8, symmetric, one scale per
-output channel, prepacked once per direction; activations quantized per call (one scale per
-tensor, so a sentence's vectors depend slightly on the others in its batch). The char CNN and the
-char embedding stay float32, and so do the cell's elementwise steps: the same gate order (i, j,
-f, o), forget bias, cell clip and projection clip as ``elmokit.lstm``. The outputs contract is
-the model's (layers, mask, final state), so every mode of the Embedder works on it.
+recurrent and projection matmuls, char CNN convolutions (``Int8CharCNN``: all filter widths in one
+matmul), highway layers and token projection run PyTorch's dynamic quantized linear
+(``torch.ops.quantized.linear_dynamic``): weights int8, symmetric, one scale per output channel,
+prepacked once; activations quantized per call (one scale per tensor, so a sentence's vectors
+depend slightly on the others in its batch). The char embedding stays float32, and so do the
+cell's elementwise steps: the same gate order (i, j, f, o), forget bias, cell clip and
+projection clip as ``elmokit.lstm``. The outputs contract is the model's (layers, mask, final
+state), so every mode of the Embedder works on it.
 
 Each LSTM direction runs as one function of its steps (``direction_steps``), which TorchScript
 compiles (the kernel ``lstm_scripted``): at one sentence per call the int8 matmuls are so small
@@ -31,11 +32,13 @@ from torch import nn
 
 from . import kernels
 from .bilm import BiLM
+from .char_cnn import CharCNN
 from .lstm import FORGET_BIAS, INPUT_CHUNK_ELEMENTS, BiLstmLayer, Packing
 
 __all__ = [
     "FORM",
     "Int8BiLstmLayer",
+    "Int8CharCNN",
     "Int8Linear",
     "check_int8",
     "direction_steps",
@@ -50,8 +53,8 @@ ENGINES = ("x86", "fbgemm", "qnnpack")
 
 # The revision of the int8 form's numbers, raised whenever they change (so that caches of int8
 # layers, ``tasks.LayerCache``, are computed again): 2 = the LSTM projection int8 at every row
-# count (1: float32 at one row).
-FORM = 2
+# count (1: float32 at one row); 3 = the char CNN's convolutions int8 (Int8CharCNN).
+FORM = 3
 
 T = TypeVar("T")
 
@@ -138,6 +141,53 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int8CharCNN(CharCNN):
+    """``CharCNN`` whose convolutions run as one int8 matmul, inference only: (n_tokens,
+    max_chars) -> (n_tokens, n_filters), as ``CharCNN``.
+
+    In a length bucket whose rows end in ``max_width`` padding characters (the buckets up to 20
+    characters, nearly every token), the filters of every width are one matmul of the windows
+    of ``max_width`` characters, (n * positions, char_dim * max_width), with the filters side by
+    side, each zero past its own width. A narrower filter's windows past the last full-width
+    window hold padding only, and a full-width window of padding only is among the positions,
+    so the max over positions is the convolutions' (up to int8 rounding). Rows of the longest
+    bucket go through the float32 convolutions."""
+
+    def __init__(self, cnn: CharCNN, max_width: int) -> None:
+        """The int8 form of ``cnn`` (not changed), whose widest filter is ``max_width``."""
+        nn.Module.__init__(self)
+        self.max_chars, self.padding_id = cnn.max_chars, cnn.padding_id
+        self.embedding, self.convolutions = copy.deepcopy(cnn.embedding), copy.deepcopy(cnn.convolutions)
+        self.activation, self._tanh = cnn.activation, cnn._tanh
+        self.max_width = max_width
+        self.windows = Int8Linear(*stacked_filters(cnn, max_width))
+
+    def _convolve(self, char_ids: torch.Tensor, padded_tail: bool = False) -> torch.Tensor:
+        """(n, width) -> (n, n_filters); one int8 matmul where ``padded_tail``, else float32."""
+        if not padded_tail:
+            return super()._convolve(char_ids)
+        n = char_ids.shape[0]
+        x = self.embedding(char_ids)  # (n, width, char_dim)
+        # (n, positions, char_dim, max_width) -> (n * positions, char_dim * max_width)
+        windows = x.unfold(1, self.max_width, 1).reshape(-1, x.shape[-1] * self.max_width)
+        return self.activation(self.windows(windows).view(n, -1, self.output_dim).amax(dim=1))
+
+
+def stacked_filters(cnn: CharCNN, max_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The filters of every width of ``cnn`` side by side, each zero past its own width: weight
+    (n_filters, char_dim * max_width) in the layout of unfolded windows (char_dim, max_width),
+    bias (n_filters,)."""
+    convs = cnn.filter_convolutions
+    first = convs[0].weight
+    weight = first.new_zeros(cnn.output_dim, first.shape[1], max_width)
+    row = 0
+    for conv in convs:
+        weight[row : row + conv.out_channels, :, : conv.kernel_size[0]] = conv.weight.detach()
+        row += conv.out_channels
+    bias = torch.cat([cast(torch.Tensor, conv.bias).detach() for conv in convs])
+    return weight.reshape(cnn.output_dim, -1), bias
 
 
 _scripted: dict[Callable[..., Any], Callable[..., Any]] = {}
@@ -294,6 +344,8 @@ def quantize_bilm(bilm: BiLM) -> BiLM:
     model = copy.deepcopy(bilm).to(device="cpu", dtype=torch.float32).eval()
     model.token_encoder.clear_cache()  # encodings kept by the float32 model are not the int8 model's
     encoder = model.token_encoder
+    max_width = max(width for width, _ in model.options.char_cnn.filters)
+    encoder.char_cnn = Int8CharCNN(encoder.char_cnn, max_width)
     highway = encoder.highway
     highway.carry = nn.ModuleList(_int8_linear(linear) for linear in highway.carry)
     highway.transform = nn.ModuleList(_int8_linear(linear) for linear in highway.transform)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import warnings
+from pathlib import Path
 from typing import cast
 
 import h5py
@@ -64,6 +65,7 @@ def test_int8_form_is_close_to_float32_and_quantizes_every_big_matmul(tiny):
     )
     assert q.token_encoder.projection is None or isinstance(q.token_encoder.projection, Int8Linear)
     assert isinstance(q.token_encoder.char_cnn, Int8CharCNN)
+    assert not any(module.training for module in q.modules())  # eval mode throughout
     ids = tiny.batch_to_ids(sentences)
     with torch.inference_mode():
         expected, actual = tiny(ids), q(ids)
@@ -109,7 +111,7 @@ def test_int8_char_cnn_window_matmul_is_the_convolutions_max(padding_id):
     lengths = [0, 1, 2, 3, 4, 7, 8, 9, 12, 13, 19, 20, 21, 30, 44, 45, 46, 49, 50, 50]
     ids = _char_ids(lengths, padding_id, options.max_characters_per_token, seed=padding_id)
 
-    double = Int8CharCNN(cnn, max_width=5).double()
+    double = Int8CharCNN(options, cnn).double()
     weight, bias = stacked_filters(cnn.double(), 5)
     windows = torch.nn.Linear(weight.shape[1], weight.shape[0]).double()
     windows.weight.data, windows.bias.data = weight, bias
@@ -118,7 +120,7 @@ def test_int8_char_cnn_window_matmul_is_the_convolutions_max(padding_id):
         assert torch.allclose(double(ids), cnn(ids), rtol=0, atol=1e-12)
     cnn = cnn.float()
 
-    q = Int8CharCNN(cnn, max_width=5)
+    q = Int8CharCNN(options, cnn)
     with torch.inference_mode():
         expected, actual = cnn(ids), q(ids)
     short = torch.tensor([0 < n <= 20 for n in lengths])
@@ -318,3 +320,21 @@ def test_int8_form_pickles_exactly_and_embeds_a_file_in_two_processes(tiny, tmp_
     with h5py.File(tmp_path / "one.hdf5", "r") as one, h5py.File(tmp_path / "two.hdf5", "r") as two:
         for i in range(6):
             np.testing.assert_array_equal(one[str(i)][()], two[str(i)][()])
+
+
+def test_int8_elmoformanylangs_model_is_close_to_float32():
+    """An ELMoForManyLangs model (its own padding character, 16 characters a token, a word
+    embedding beside the char CNN): the int8 char CNN takes the rows whose tail is padding
+    (tokens up to 8 characters here) and the vectors stay close to float32."""
+    folder = Path(__file__).parent / "fixtures" / "elmoformanylangs" / "word-model"
+    sentences = json.loads((folder / "reference.json").read_text(encoding="utf-8"))["fresh"]["sentences"]
+    model = BiLM.from_pretrained(folder)
+    float32 = list(Embedder(model, batch_size=3).embed_sentences(sentences))
+    embedder = Embedder(model, batch_size=3, dtype="int8")
+    cnn = embedder.bilm.token_encoder.char_cnn
+    assert isinstance(cnn, Int8CharCNN)
+    calls: list[int] = []
+    cnn.windows.register_forward_hook(lambda module, inputs, output: calls.append(len(output)))
+    cos = _cosines(float32, list(embedder.embed_sentences(sentences)))
+    assert len(calls) > 0  # the int8 matmul ran
+    assert cos.mean(axis=1).min() > 0.999 and cos.min() > 0.99, cos

@@ -34,6 +34,7 @@ from . import kernels
 from .bilm import BiLM
 from .char_cnn import CharCNN
 from .lstm import FORGET_BIAS, INPUT_CHUNK_ELEMENTS, BiLstmLayer, Packing
+from .options import CharCNNOptions
 
 __all__ = [
     "FORM",
@@ -155,14 +156,12 @@ class Int8CharCNN(CharCNN):
     so the max over positions is the convolutions' (up to int8 rounding). Rows of the longest
     bucket go through the float32 convolutions."""
 
-    def __init__(self, cnn: CharCNN, max_width: int) -> None:
-        """The int8 form of ``cnn`` (not changed), whose widest filter is ``max_width``."""
-        nn.Module.__init__(self)
-        self.max_chars, self.padding_id = cnn.max_chars, cnn.padding_id
-        self.embedding, self.convolutions = copy.deepcopy(cnn.embedding), copy.deepcopy(cnn.convolutions)
-        self.activation, self._tanh = cnn.activation, cnn._tanh
-        self.max_width = max_width
-        self.windows = Int8Linear(*stacked_filters(cnn, max_width))
+    def __init__(self, options: CharCNNOptions, cnn: CharCNN) -> None:
+        """The int8 form of ``cnn`` (not changed), a char CNN made with ``options``."""
+        super().__init__(options, cnn.padding_id)
+        self.load_state_dict(cnn.state_dict())
+        self.max_width = max(width for width, _ in options.filters)
+        self.windows = Int8Linear(*stacked_filters(self, self.max_width))
 
     def _convolve(self, char_ids: torch.Tensor, padded_tail: bool = False) -> torch.Tensor:
         """(n, width) -> (n, n_filters); one int8 matmul where ``padded_tail``, else float32."""
@@ -341,11 +340,10 @@ def quantize_bilm(bilm: BiLM) -> BiLM:
     check_int8("cpu")
     if is_int8(bilm):
         return bilm
-    model = copy.deepcopy(bilm).to(device="cpu", dtype=torch.float32).eval()
+    model = copy.deepcopy(bilm).to(device="cpu", dtype=torch.float32)
     model.token_encoder.clear_cache()  # encodings kept by the float32 model are not the int8 model's
     encoder = model.token_encoder
-    max_width = max(width for width, _ in model.options.char_cnn.filters)
-    encoder.char_cnn = Int8CharCNN(encoder.char_cnn, max_width)
+    encoder.char_cnn = Int8CharCNN(model.options.char_cnn, encoder.char_cnn)
     highway = encoder.highway
     highway.carry = nn.ModuleList(_int8_linear(linear) for linear in highway.carry)
     highway.transform = nn.ModuleList(_int8_linear(linear) for linear in highway.transform)
@@ -354,4 +352,4 @@ def quantize_bilm(bilm: BiLM) -> BiLM:
     model.lstm.layers = nn.ModuleList(Int8BiLstmLayer(layer) for layer in model.lstm.lstm_layers)
     for param in model.parameters():
         param.requires_grad_(False)
-    return model
+    return model.eval()  # the new modules too

@@ -1,13 +1,13 @@
 """An inference-only int8 form of a BiLM: its big matmuls with int8 weights (PyTorch's fbgemm).
 
 ``quantize_bilm(bilm)`` gives a new BiLM (the one handed in is never changed) whose LSTM input,
-recurrent and projection matmuls, char CNN convolutions (``Int8CharCNN``: all filter widths in one
-matmul), highway layers and token projection run PyTorch's dynamic quantized linear
-(``torch.ops.quantized.linear_dynamic``): weights int8, symmetric, one scale per output channel,
-prepacked once; activations quantized per call (one scale per tensor, so a sentence's vectors
-depend slightly on the others in its batch). The char embedding stays float32, and so do the
-cell's elementwise steps: the same gate order (i, j, f, o), forget bias, cell clip and
-projection clip as ``elmokit.lstm``. The outputs contract is the model's (layers, mask, final
+recurrent and projection matmuls, char CNN convolutions (``Int8CharCNN``: all filter widths in
+one matmul, for tokens up to 20 characters), highway layers and token projection run PyTorch's
+dynamic quantized linear (``torch.ops.quantized.linear_dynamic``): weights int8, symmetric, one
+scale per output channel, prepacked once; activations quantized per call (one scale per tensor,
+so a sentence's vectors depend slightly on the others in its batch). The char embedding and the
+convolutions of longer tokens stay float32, and so do the cell's elementwise steps: the same
+gate order (i, j, f, o), forget bias, cell clip and projection clip as ``elmokit.lstm``. The outputs contract is the model's (layers, mask, final
 state), so every mode of the Embedder works on it.
 
 Each LSTM direction runs as one function of its steps (``direction_steps``), which TorchScript

@@ -7,8 +7,9 @@ dynamic quantized linear (``torch.ops.quantized.linear_dynamic``): weights int8,
 scale per output channel, prepacked once; activations quantized per call (one scale per tensor,
 so a sentence's vectors depend slightly on the others in its batch). The char embedding and the
 convolutions of longer tokens stay float32, and so do the cell's elementwise steps: the same
-gate order (i, j, f, o), forget bias, cell clip and projection clip as ``elmokit.lstm``. The outputs contract is the model's (layers, mask, final
-state), so every mode of the Embedder works on it.
+gate order (i, j, f, o), forget bias, cell clip and projection clip as ``elmokit.lstm``. The
+outputs contract is the model's (layers, mask, final state), so every mode of the Embedder works
+on it.
 
 Each LSTM direction runs as one function of its steps (``direction_steps``), which TorchScript
 compiles (the kernel ``lstm_scripted``): at one sentence per call the int8 matmuls are so small

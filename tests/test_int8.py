@@ -168,6 +168,9 @@ def test_steps_run_in_python_where_torchscript_cannot_compile_them(tiny, monkeyp
 def test_the_model_handed_in_is_not_changed(tiny):
     before = {k: v.clone() for k, v in tiny.state_dict().items()}
     cache_before = tiny.token_encoder.cache_stats
+    rng_before = torch.random.get_rng_state()
+    quantize_bilm(tiny)
+    assert torch.equal(torch.random.get_rng_state(), rng_before)  # nor torch's random numbers
     embedder = Embedder(tiny, dtype="int8", mode="zero")
     embedder.embed_batch(_sentences(4))
     assert embedder.bilm is not tiny

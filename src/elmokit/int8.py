@@ -159,7 +159,8 @@ class Int8CharCNN(CharCNN):
 
     def __init__(self, options: CharCNNOptions, cnn: CharCNN) -> None:
         """The int8 form of ``cnn`` (not changed), a char CNN made with ``options``."""
-        super().__init__(options, cnn.padding_id)
+        with torch.random.fork_rng(devices=[]):  # the initial weights, replaced below, draw nothing
+            super().__init__(options, cnn.padding_id)
         self.load_state_dict(cnn.state_dict())
         self.max_width = max(width for width, _ in options.filters)
         self.windows = Int8Linear(*stacked_filters(self, self.max_width))

@@ -27,7 +27,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,24 +40,39 @@ from elmokit.textfiles import read_lines
 DIRECTIONS = ("forward", "backward")
 
 
+class Tally:
+    """One clip's counts, per layer and direction (layers, 2): values seen, values at the clip,
+    token steps with at least one value at it, and the largest |value|."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.values, self.at_clip, self.steps_at_clip, self.max_abs = (
+            torch.zeros(n_layers, 2, dtype=torch.float64) for _ in range(4)
+        )
+
+    def add(self, k: int, values: torch.Tensor, clip: float | None) -> None:
+        """Count one step's values (2, n, dim) of layer ``k``."""
+        at = values.abs() >= clip if clip is not None else torch.zeros_like(values, dtype=torch.bool)
+        self.values[k] += values[0].numel()
+        self.at_clip[k] += at.sum(dim=(1, 2))
+        self.steps_at_clip[k] += at.any(dim=-1).sum(dim=-1)
+        self.max_abs[k] = torch.maximum(self.max_abs[k], values.abs().amax(dim=(1, 2)).double())
+
+    def record(self, name: str, k: int, d: int, steps: float) -> dict[str, float]:
+        """The shares and the largest |value| of layer ``k``, direction ``d``, keys ``name_...``."""
+        return {
+            f"{name}_values_at_clip": float(self.at_clip[k, d]) / max(float(self.values[k, d]), 1.0),
+            f"{name}_steps_at_clip": float(self.steps_at_clip[k, d]) / max(steps, 1.0),
+            f"{name}_max_abs": round(float(self.max_abs[k, d]), 4),
+        }
+
+
 @dataclass
 class ClipCounts:
-    """Per layer, per direction (2,): values and token steps seen, and those at each clip."""
+    """Token steps seen per layer and direction (layers, 2), and a tally of each clip."""
 
-    steps: list[torch.Tensor] = field(default_factory=list)
-    cell_values: list[torch.Tensor] = field(default_factory=list)
-    cell_at_clip: list[torch.Tensor] = field(default_factory=list)
-    cell_steps_at_clip: list[torch.Tensor] = field(default_factory=list)
-    cell_max: list[torch.Tensor] = field(default_factory=list)
-    output_values: list[torch.Tensor] = field(default_factory=list)
-    output_at_clip: list[torch.Tensor] = field(default_factory=list)
-    output_steps_at_clip: list[torch.Tensor] = field(default_factory=list)
-    output_max: list[torch.Tensor] = field(default_factory=list)
-
-
-def _at(values: torch.Tensor, clip: float | None) -> torch.Tensor:
-    """values (2, n, dim) -> (2, n, dim) bool: at the clip (never, without a clip)."""
-    return values.abs() >= clip if clip is not None else torch.zeros_like(values, dtype=torch.bool)
+    steps: torch.Tensor
+    cell: Tally
+    output: Tally
 
 
 @contextmanager
@@ -66,9 +81,9 @@ def counting(bilm: BiLM) -> Iterator[ClipCounts]:
     ``BiLstmLayer._step`` is restored after it."""
     layers = list(bilm.lstm.lstm_layers)
     index = {id(layer): k for k, layer in enumerate(layers)}
-    counts = ClipCounts()
-    for name in counts.__dataclass_fields__:
-        getattr(counts, name).extend(torch.zeros(2, dtype=torch.float64) for _ in layers)
+    counts = ClipCounts(
+        torch.zeros(len(layers), 2, dtype=torch.float64), Tally(len(layers)), Tally(len(layers))
+    )
     original = BiLstmLayer._step
 
     def step(
@@ -77,16 +92,9 @@ def counting(bilm: BiLM) -> Iterator[ClipCounts]:
         h, c = original(self, projected, h, c)
         k = index.get(id(self))
         if k is not None:
-            cell, output = _at(c, self.cell_clip), _at(h, self.proj_clip)
             counts.steps[k] += c.shape[1]
-            counts.cell_values[k] += c[0].numel()
-            counts.cell_at_clip[k] += cell.sum(dim=(1, 2))
-            counts.cell_steps_at_clip[k] += cell.any(dim=-1).sum(dim=-1)
-            counts.cell_max[k] = torch.maximum(counts.cell_max[k], c.abs().amax(dim=(1, 2)).double())
-            counts.output_values[k] += h[0].numel()
-            counts.output_at_clip[k] += output.sum(dim=(1, 2))
-            counts.output_steps_at_clip[k] += output.any(dim=-1).sum(dim=-1)
-            counts.output_max[k] = torch.maximum(counts.output_max[k], h.abs().amax(dim=(1, 2)).double())
+            counts.cell.add(k, c, self.cell_clip)
+            counts.output.add(k, h, self.proj_clip)
         return h, c
 
     BiLstmLayer._step = step  # type: ignore[method-assign]
@@ -106,27 +114,19 @@ def clip_binding(bilm: BiLM, sentences: list[list[str]], batch_size: int, mode: 
     records = []
     for k, layer in enumerate(model.lstm.lstm_layers):
         for d, direction in enumerate(DIRECTIONS):
-            steps, cells, outputs = counts.steps[k][d], counts.cell_values[k][d], counts.output_values[k][d]
+            steps = float(counts.steps[k, d])
             records.append(
                 {
                     "layer": k + 1,
                     "direction": direction,
                     "token_steps": int(steps),
                     "cell_clip": layer.cell_clip,
-                    "cell_values_at_clip": _share(counts.cell_at_clip[k][d], cells),
-                    "cell_steps_at_clip": _share(counts.cell_steps_at_clip[k][d], steps),
-                    "cell_max_abs": round(float(counts.cell_max[k][d]), 4),
+                    **counts.cell.record("cell", k, d, steps),
                     "proj_clip": layer.proj_clip,
-                    "output_values_at_clip": _share(counts.output_at_clip[k][d], outputs),
-                    "output_steps_at_clip": _share(counts.output_steps_at_clip[k][d], steps),
-                    "output_max_abs": round(float(counts.output_max[k][d]), 4),
+                    **counts.output.record("output", k, d, steps),
                 }
             )
     return records
-
-
-def _share(count: torch.Tensor, total: torch.Tensor) -> float:
-    return float(count) / max(float(total), 1.0)
 
 
 def read_sentences(path: str, limit: int) -> list[list[str]]:

@@ -1198,6 +1198,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .compat.allennlp import add_elmo_parser
 
     add_elmo_parser(sub)  # elmokit elmo ...: `allennlp elmo`'s arguments, layout and numbers
+    from .datasets_cli import add_data_parser
+
+    add_data_parser(sub)  # elmokit data list|sample|fetch: the probe and task data sets
     return parser
 
 

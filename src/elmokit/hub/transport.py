@@ -48,6 +48,7 @@ names it and says what to do.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import hashlib
 import http.client
@@ -124,8 +125,9 @@ class ChecksumError(DownloadError):
 @dataclass(frozen=True)
 class Expected:
     """What the publisher says of a file (any may be unknown), and what kind of file it is:
-    ``kind`` "zip", "json", "hdf5", "model" (any of the three) or None (from the URL's name,
-    see ``url_kind``)."""
+    ``kind`` "zip", "json", "hdf5", "model" (any of the three), "gzip", "text" (UTF-8, not an
+    HTML page; the data sets of ``elmokit.datasets``) or None (from the URL's name, see
+    ``url_kind``)."""
 
     size: int | None = None
     sha256: str | None = None
@@ -165,6 +167,8 @@ _KIND_NAMES = {
     "json": "a JSON file",
     "hdf5": "an HDF5 file",
     "model": "a zip archive, HDF5 file or JSON file",
+    "gzip": "a gzip file",
+    "text": "a UTF-8 text file",
 }
 
 
@@ -785,6 +789,10 @@ def _wrong_kind(path: Path, kind: str | None) -> str | None:
         except (UnicodeDecodeError, ValueError):
             return f"not a JSON file ({_begins(path)})"
         return None
+    if kind == "gzip":
+        return _gzip_problem(path)
+    if kind == "text":
+        return _text_problem(path)
     raise ValueError(f"unknown kind of file {kind!r}")
 
 
@@ -810,6 +818,47 @@ def _zip_problem(path: Path) -> str | None:
     end = max((m.header_offset for m in members), default=0)
     if end > path.stat().st_size:
         return "not a readable zip archive (its members lie beyond its end: cut short)"
+    return None
+
+
+def _gzip_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole gzip file (signature, streams that end, at most
+    MAX_GZIP_RATIO times its size once decompressed), or None."""
+    import gzip
+
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return f"not a gzip file ({_begins(path)})"
+    limit, out = MAX_GZIP_RATIO * path.stat().st_size + CHUNK, 0
+    try:
+        with gzip.open(path, "rb") as stream:
+            for chunk in iter(lambda: stream.read(CHUNK), b""):
+                out += len(chunk)
+                if out > limit:
+                    return f"not a gzip file this elmokit reads (it expands more than {MAX_GZIP_RATIO}x)"
+    except EOFError:
+        return "not a whole gzip file (cut short)"
+    except (OSError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        return f"not a whole gzip file (damaged: {err})"
+    return None
+
+
+def _text_problem(path: Path) -> str | None:
+    """Why ``path`` is not UTF-8 text (or is an HTML page), or None."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        head = f.read(512).lstrip().lower()
+        if head.startswith((b"<!doctype html", b"<html")):
+            return "an HTML page, not a data file"
+        f.seek(0)
+        at = 0
+        try:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                decoder.decode(chunk)
+                at += len(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as err:
+            return f"not a UTF-8 text file (near byte {at + err.start:,})"
     return None
 
 

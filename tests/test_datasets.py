@@ -285,7 +285,7 @@ def test_a_decompressed_file_with_the_wrong_checksum_is_refused_and_forgotten(
     assert _cached(server, "/d/a.txt") == ["a.txt", "meta.json"]
 
 
-def test_a_damaged_archive_is_refused(server, monkeypatch, tmp_path, capsys):
+def test_a_cut_gzip_download_is_refused(server, monkeypatch, tmp_path, capsys):
     server.files["/d/b.txt.gz"] = GZ[:-12]  # cut short: its md5 is given as that of the cut file
     data_set = _toy(server)
     cut = Download(server.url("/d/b.txt.gz"), "gzip", md5=hashlib.md5(GZ[:-12]).hexdigest())
@@ -296,6 +296,24 @@ def test_a_damaged_archive_is_refused(server, monkeypatch, tmp_path, capsys):
         f"elmokit: error: {server.url('/d/b.txt.gz')}: not a whole gzip file (cut short); nothing was cached\n"
     )
     assert not (tmp_path / "toy").exists()
+
+
+def test_a_cached_download_that_changed_is_noticed_and_fetched_again_with_force(
+    server, monkeypatch, tmp_path, capsys
+):
+    _use(monkeypatch, _toy(server))
+    folder = tmp_path / "toy"
+    assert main(["data", "fetch", "toy", str(folder), "--quiet"]) == 0
+    cached = transport.entry_dir(server.url("/d/a.txt")) / "a.txt"
+    cached.write_bytes(TEXT.upper())  # the same size, other bytes
+    capsys.readouterr()
+    assert main(["data", "fetch", "toy", str(folder), "--overwrite", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"elmokit: error: cached file {cached} changed since it was downloaded from ")
+    assert err.endswith("; run `elmokit data fetch toy DIR --force` to download it again\n")
+    assert (folder / "a.txt").read_bytes() == TEXT  # the earlier, good files are kept
+    assert main(["data", "fetch", "toy", str(folder), "--overwrite", "--force", "--quiet"]) == 0
+    assert cached.read_bytes() == TEXT and (folder / "a.txt").read_bytes() == TEXT
 
 
 def test_offline_fetch_says_what_to_do(server, monkeypatch, tmp_path, capsys):

@@ -237,25 +237,25 @@ def test_bad_model_files_are_one_error_line(text_file, tmp_path, capsys):
     [
         (
             ["start-state", "elmo-tiny-reference", "--text", "x", "--rows", "0"],
-            "argument --rows: must be at least 1, got 0 (see: elmokit start-state --help)",
+            "argument --rows: must be at least 1, got 0; see 'elmokit start-state --help'",
         ),
         (
             ["start-state", "elmo-tiny-reference", "--text", "x", "--sentences", "-5"],
-            "argument --sentences: must be at least 1, got -5 (see: elmokit start-state --help)",
+            "argument --sentences: must be at least 1, got -5; see 'elmokit start-state --help'",
         ),
         (
             ["embed", "in", "out", "--batch-size", "0"],
-            "argument --batch-size: must be at least 1, got 0 (see: elmokit embed --help)",
+            "argument --batch-size: must be at least 1, got 0; see 'elmokit embed --help'",
         ),
         (
             ["embed", "in", "out", "--max-tokens-per-batch", "two"],
-            "argument --max-tokens-per-batch: not an integer: 'two' (see: elmokit embed --help)",
+            "argument --max-tokens-per-batch: not an integer: 'two'; see 'elmokit embed --help'",
         ),
         (
             ["evaluate", "m", "--heldout", "h", "--batch-size", "0"],
-            "argument --batch-size: must be at least 1, got 0 (see: elmokit evaluate --help)",
+            "argument --batch-size: must be at least 1, got 0; see 'elmokit evaluate --help'",
         ),
-        (["embed", "in"], "the following arguments are required: output (see: elmokit embed --help)"),
+        (["embed", "in"], "the following arguments are required: output; see 'elmokit embed --help'"),
     ],
 )
 def test_bad_option_values_are_one_error_line(argv, message, capsys):

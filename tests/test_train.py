@@ -898,7 +898,7 @@ def test_bilm_tf_training_options_file_trains(tmp_path, corpus, capsys, tiny_opt
 def test_out_of_range_options_are_refused_when_parsed(args, message, capsys):
     """Issue 13.7: exit 2 with argparse's one-line error, before anything runs."""
     code, _, err = cli(capsys, "train", "--train", "x", "--vocab", "y", "--save-dir", "z", *args)
-    assert (code, last_line(err)) == (2, f"elmokit: error: {message} (see: elmokit train --help)")
+    assert (code, last_line(err)) == (2, f"elmokit: error: {message}; see 'elmokit train --help'")
 
 
 def test_out_of_range_values_are_refused_by_the_api_and_the_other_commands(tmp_path, corpus, capsys):
@@ -917,12 +917,12 @@ def test_out_of_range_values_are_refused_by_the_api_and_the_other_commands(tmp_p
     code, _, err = cli(capsys, "demo", "-k", "-1")
     assert (code, last_line(err)) == (
         2,
-        "elmokit: error: argument -k: must be at least 1, got -1 (see: elmokit demo --help)",
+        "elmokit: error: argument -k: must be at least 1, got -1; see 'elmokit demo --help'",
     )
     code, _, err = cli(capsys, "vocab", corpus[0], "-o", tmp_path / "v.txt", "--min-count", "0")
     assert (code, last_line(err)) == (
         2,
-        "elmokit: error: argument --min-count: must be at least 1, got 0 (see: elmokit vocab --help)",
+        "elmokit: error: argument --min-count: must be at least 1, got 0; see 'elmokit vocab --help'",
     )
 
 
@@ -1065,7 +1065,7 @@ def test_training_errors_are_one_line(tmp_path, corpus, capsys, monkeypatch):
         if message is None:
             assert (code, last_line(err)) == (
                 2,
-                "elmokit: error: --train and --vocab are required (unless --resume) (see: elmokit train --help)",
+                "elmokit: error: --train and --vocab are required (unless --resume); see 'elmokit train --help'",
             )
         else:
             assert (code, err.strip()) == (2, f"elmokit: error: {message}"), args

@@ -85,7 +85,7 @@ def test_the_same_rule_refuses_a_value_from_the_command_line_and_from_a_stored_c
     code, _, err = cli(capsys, "train", *data, "--save-dir", tmp_path / "a", "--dropout", "2")
     assert (code, last_line(err)) == (
         2,
-        "elmokit: error: argument --dropout: must be at most 1, got 2 (see: elmokit train --help)",
+        "elmokit: error: argument --dropout: must be at most 1, got 2; see 'elmokit train --help'",
     )
     code, _, err = cli(capsys, "train", *data, "--save-dir", tmp_path / "a", "--max-steps", 1)
     assert code == 0, err

@@ -14,15 +14,17 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ._console import command_context
+from ._console import CommandParser, command_context, say
 from .atomic import write_json
-from .bilm import BiLM
 from .hub import DEFAULT_MODEL, TINY_REFERENCE, resolve_model
-from .language_model import LanguageModel
+
+if TYPE_CHECKING:
+    from .bilm import BiLM
+
+# torch and the model's modules are imported inside the commands, so that --help and argument
+# errors answer at once
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -38,6 +40,8 @@ DEMO_QUERIES = [
 
 
 def _load_model(args: argparse.Namespace) -> BiLM:
+    from .bilm import BiLM
+
     if args.options or args.weights:
         if not (args.options and args.weights):
             raise SystemExit("elmokit: give both --options and --weights (or --model DIR)")
@@ -117,6 +121,7 @@ def demo(args: argparse.Namespace) -> int:
 def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int = 6) -> None:
     """What the language model predicts in place of the demo word in each query, from both
     contexts (``elmokit substitutes``); models without a softmax are said to have none."""
+    from .language_model import LanguageModel
     from .scoring import substitutes
 
     try:
@@ -137,10 +142,12 @@ def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int
 
 
 def _ranged(kind: Callable[[str], Any], low: float):
-    """An argparse type: ``kind(text)``, at least ``low``."""
-    from .training.config import Range
+    """An argparse type: ``kind(text)``, at least ``low`` (as ``training.config.Range(low)`` says)."""
 
-    return _checked(kind, Range(low).problem)
+    def problem(value: float) -> str | None:
+        return f"must be at least {low:g}, got {value:g}" if value < low else None
+
+    return _checked(kind, problem)
 
 
 def _checked(kind: Callable[[str], Any], problem: Callable[[Any], str | None]):
@@ -304,6 +311,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from .data import corpus_files
     from .devices import resolve_device
     from .evaluate import evaluate_perplexity
+    from .language_model import LanguageModel
 
     device = resolve_device(args.device)
     if args.json:  # before the work, not after it; the model's files and the held-out text are inputs
@@ -375,6 +383,7 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     """Write a model as one ONNX graph (elmokit.onnx_export): dynamic batch and length, state in
     and out, the start state inside."""
     from .atomic import check_output
+    from .bilm import BiLM
     from .onnx_export import export_onnx, require_onnx
 
     require_onnx("export-onnx")
@@ -447,7 +456,9 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
-    p.add_argument("--batch-size", type=_ranged(int, low=1), default=64)
+    p.add_argument(
+        "--batch-size", type=_ranged(int, low=1), default=64, help="sentences embedded together"
+    )
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument(
         "--mode",
@@ -495,6 +506,9 @@ def _read_sentences(pattern: str, limit: int | None) -> list[list[str]]:
 def start_state_command(args: argparse.Namespace) -> int:
     """Estimate a model's canonical start state from running text; write it to a copy of the
     model (--out) or into a model folder of the user's (--write); compare the modes."""
+    import torch
+
+    from .bilm import BiLM
     from .devices import resolve_device
     from .export import check_new_folder, copy_with_start_state
     from .hub import refuse_package_path
@@ -528,6 +542,7 @@ def start_state_command(args: argparse.Namespace) -> int:
         print(f"written to {weights} (datasets start_state/h, start_state/c)")
     if args.heldout:
         from .evaluate import evaluate_perplexity
+        from .language_model import LanguageModel
 
         lm = LanguageModel.from_pretrained(args.model_dir, device=device)
         vocab = lm.vocab
@@ -552,6 +567,7 @@ def start_state_command(args: argparse.Namespace) -> int:
 
 def score_command(args: argparse.Namespace) -> int:
     """Log-probability and perplexity of every sentence of a file, as JSON lines or TSV."""
+    from .language_model import LanguageModel
     from .scoring import score_file
 
     try:
@@ -631,6 +647,7 @@ def _substitutes_table(result: Any) -> str:
 
 def substitutes_command(args: argparse.Namespace) -> int:
     """The words the model predicts at one position of a sentence."""
+    from .language_model import LanguageModel
     from .scoring import substitutes
 
     tokens = " ".join(args.sentence).split()
@@ -835,15 +852,103 @@ def probe_wsd_command(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors (a missing or bad option) are one line, as every other error."""
+class _Deferred:
+    """An attribute of a ``_DeferredParser``: reading it adds the parser's arguments first."""
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"elmokit: error: {message} (see: {self.prog} --help)\n")
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = f"_deferred{name}"
+
+    def __get__(self, parser: Any, owner: type | None = None) -> Any:
+        if parser is None:
+            return self
+        parser.fill()
+        return parser.__dict__[self.key]
+
+    def __set__(self, parser: Any, value: Any) -> None:
+        parser.__dict__[self.key] = value
+
+
+class _DeferredParser(CommandParser):
+    """A subcommand whose arguments are declared by a module that imports torch (``train``,
+    ``task``, ``elmo``): they are added when the subcommand is used or its help is read, so
+    that ``elmokit --help`` and the other commands do not wait for torch."""
+
+    _actions = _Deferred()
+    _option_string_actions = _Deferred()
+    _mutually_exclusive_groups = _Deferred()
+    _defaults = _Deferred()
+    description = _Deferred()
+
+    def defer(self, fill: Callable[[argparse.ArgumentParser], None]) -> None:
+        self.__dict__["_fill"] = fill
+
+    def fill(self) -> None:
+        fill = self.__dict__.pop("_fill", None)
+        if fill is not None:
+            fill(self)
+
+
+def _deferred_command(
+    sub: Any, name: str, fill: Callable[[argparse.ArgumentParser], None], **kwargs: Any
+) -> argparse.ArgumentParser:
+    """Subcommand ``name`` of ``sub``, its arguments added by ``fill(parser)`` on first use."""
+    kind, sub._parser_class = sub._parser_class, _DeferredParser
+    try:
+        parser = sub.add_parser(name, **kwargs)
+    finally:
+        sub._parser_class = kind
+    parser.defer(fill)
+    return parser
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    """``elmokit train``'s description and options (from the training configuration's fields)."""
+    from .training.config import RESUMABLE, option_name
+
+    p.description = (
+        "Train a biLM. With --resume, the run in --save-dir continues with its own "
+        f"configuration; only {', '.join(option_name(n) for n in RESUMABLE)} may change (other "
+        "options, if given, must equal the run's; --gpus or --nproc are given again, for as many "
+        "processes). Exit status: 0 when a limit ended the run, 128 + N when signal N stopped it "
+        "early (it can be resumed), 2 on an error."
+    )
+    _add_train_options(p)
+    p.add_argument(
+        "--nproc",
+        type=_ranged(int, low=1),
+        default=1,
+        help="start this many CPU processes (gloo DDP)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
+    p.add_argument(
+        "--resume-from",
+        metavar="CHECKPOINT",
+        help="continue the run in --save-dir from this checkpoint folder of it (e.g. "
+        "checkpoint-000000117) instead of the one its 'latest' names; implies --resume",
+    )
+    p.add_argument(
+        "--new-data",
+        action="store_true",
+        help="with --resume and a new --train: continue weights, optimizer and step on other text, "
+        "read from its beginning (without it a resumed run must keep its shards)",
+    )
+    p.set_defaults(func=train_command, parser=p)
+
+
+def _task_arguments(p: argparse.ArgumentParser) -> None:
+    from .tasks.cli import add_task_arguments
+
+    add_task_arguments(p)
+
+
+def _elmo_arguments(p: argparse.ArgumentParser) -> None:
+    from .compat.allennlp import add_elmo_arguments
+
+    add_elmo_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="elmokit", description="ELMo: deep contextualized word representations.")
+    parser = CommandParser(prog="elmokit", description="ELMo: deep contextualized word representations.")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="also show what the library logs (INFO lines)"
     )
@@ -855,18 +960,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=_ranged(int, low=1), default=3, help="neighbours shown per layer")
     p.set_defaults(func=demo)
 
-    p = sub.add_parser("embed", help="embed a file of sentences into HDF5")
+    p = sub.add_parser(
+        "embed",
+        help="embed a file of sentences into HDF5",
+        description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
+        "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
+        "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
+        "keeps only its last line number there, as in AllenNLP (a warning says how many repeat).",
+    )
     p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
     p.add_argument("output", help="HDF5 file to write")
     _model_arguments(p)
-    p.add_argument("--layers", choices=["all", "top", "average"], default="all")
+    p.add_argument(
+        "--layers",
+        choices=["all", "top", "average"],
+        default="all",
+        help="all: every layer, (3, n_tokens, dim) per line; top: the top biLSTM layer; average: "
+        "the mean of the layers ((n_tokens, dim) per line)",
+    )
     p.add_argument(
         "--pooling",
         choices=["mean", "max"],
         default=None,
         help="one vector per line: the mean or max over its tokens (dataset 'embedding', row i = line i)",
     )
-    p.add_argument("--max-tokens-per-batch", type=_ranged(int, low=1), default=None)
+    p.add_argument(
+        "--max-tokens-per-batch",
+        type=_ranged(int, low=1),
+        default=None,
+        help="also cap each batch at this many tokens, so long lines make smaller batches (default: "
+        "no cap, --batch-size lines)",
+    )
     p.add_argument(
         "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
     )
@@ -916,42 +1040,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
     p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    p.add_argument("--min-count", type=_ranged(int, low=1), default=1)
+    p.add_argument(
+        "--min-count", type=_ranged(int, low=1), default=1, help="leave out tokens seen fewer times"
+    )
     p.add_argument("--max-size", type=_ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
     p.set_defaults(func=vocab)
 
-    from .training.config import RESUMABLE, option_name
-
-    p = sub.add_parser(
-        "train",
-        help="train a biLM with the original recipe",
-        description="Train a biLM. With --resume, the run in --save-dir continues with its own "
-        f"configuration; only {', '.join(option_name(n) for n in RESUMABLE)} may change (other "
-        "options, if given, must equal the run's; --gpus or --nproc are given again, for as many "
-        "processes). Exit status: 0 when a limit ended the run, 128 + N when signal N stopped it "
-        "early (it can be resumed), 2 on an error.",
-    )
-    _add_train_options(p)
-    p.add_argument(
-        "--nproc",
-        type=_ranged(int, low=1),
-        default=1,
-        help="start this many CPU processes (gloo DDP; default 1)",
-    )
-    p.add_argument("--resume", action="store_true", help="continue the run in --save-dir")
-    p.add_argument(
-        "--resume-from",
-        metavar="CHECKPOINT",
-        help="continue the run in --save-dir from this checkpoint folder of it (e.g. "
-        "checkpoint-000000117) instead of the one its 'latest' names; implies --resume",
-    )
-    p.add_argument(
-        "--new-data",
-        action="store_true",
-        help="with --resume and a new --train: continue weights, optimizer and step on other text, "
-        "read from its beginning (without it a resumed run must keep its shards)",
-    )
-    p.set_defaults(func=train_command, parser=p)
+    _deferred_command(sub, "train", _train_arguments, help="train a biLM with the original recipe")
 
     p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
     p.add_argument("model_dir", help="training save dir, or a model with its softmax in any form of --model")
@@ -965,8 +1060,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=evaluate_command)
 
     p = sub.add_parser("export", help="write a trained model in the original layout")
-    p.add_argument("model_dir")
-    p.add_argument("out_dir")
+    p.add_argument("model_dir", help="a training save dir")
+    p.add_argument("out_dir", help="folder to write options.json, weights.hdf5, vocab.txt, softmax.hdf5 into")
     p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
     _add_checkpoint_choice(p)
     p.set_defaults(func=export_command)
@@ -992,12 +1087,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         help="file to write (atomically); a named pipe or /dev/stdout is written into; default: stdout",
     )
-    p.add_argument("--format", choices=["jsonl", "tsv"], default="jsonl", help="JSON lines (default) or TSV")
+    p.add_argument(
+        "--format", choices=["jsonl", "tsv"], default="jsonl", help="JSON lines (default: jsonl) or TSV"
+    )
     p.add_argument(
         "--per-token", action="store_true", help="JSON lines: also each prediction's log-probability"
     )
     _scoring_model_arguments(p)
-    p.add_argument("--batch-size", type=_ranged(int, low=1), default=64)
+    p.add_argument(
+        "--batch-size", type=_ranged(int, low=1), default=64, help="sentences scored together"
+    )
     p.add_argument(
         "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
     )
@@ -1151,7 +1250,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests waiting per model (default 1024); past it 503",
     )
     p.add_argument(
-        "--max-body-bytes", type=_ranged(int, low=1), default=1 << 20, help="default 1 MiB; past it 413"
+        "--max-body-bytes",
+        type=_ranged(int, low=1),
+        default=1 << 20,
+        help="request body size in bytes (default: 1048576, 1 MiB); past it 413",
     )
     p.add_argument(
         "--max-inputs", type=_ranged(int, low=1), default=256, help="sentences per request (default 256)"
@@ -1191,13 +1293,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=serve_command)
 
-    from .tasks.cli import add_task_parser
-
-    add_task_parser(sub)  # elmokit task ner|pos|sentiment ...
-
-    from .compat.allennlp import add_elmo_parser
-
-    add_elmo_parser(sub)  # elmokit elmo ...: `allennlp elmo`'s arguments, layout and numbers
+    _deferred_command(  # elmokit task ner|pos|sentiment ...
+        sub,
+        "task",
+        _task_arguments,
+        help="train and score a downstream model (NER, POS, sentiment) with or without ELMo",
+    )
+    _deferred_command(  # elmokit elmo ...: `allennlp elmo`'s arguments, layout and numbers
+        sub,
+        "elmo",
+        _elmo_arguments,
+        help="allennlp elmo's command: stateful vectors of a file, in its HDF5 layout",
+    )
     from .datasets_cli import add_data_parser
 
     add_data_parser(sub)  # elmokit data list|sample|fetch: the probe and task data sets
@@ -1227,12 +1334,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings in one line, as errors are."""
-    print(f"elmokit: warning: {message}", file=sys.stderr)
+    say(f"elmokit: warning: {message}")
 
 
 def _fail(err: BaseException) -> int:
     """Report an error in one line, as every command does; returns the exit status."""
-    print(f"elmokit: error: {err}", file=sys.stderr)
+    say(f"elmokit: error: {err}")
     return 2
 
 

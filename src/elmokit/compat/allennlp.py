@@ -937,10 +937,18 @@ def _read_sentences(input_file: IO[str] | str | os.PathLike) -> list[str]:
 def add_elmo_parser(subparsers: Any) -> argparse.ArgumentParser:
     """``elmokit elmo``: ``allennlp elmo``'s arguments and output."""
     p = subparsers.add_parser(
-        "elmo",
-        help="allennlp elmo's command: stateful vectors of a file, in its HDF5 layout",
-        description="Create word vectors using ELMo, as `allennlp elmo` (AllenNLP 0.9) does: the same "
-        "arguments, the same HDF5 layout and the same numbers (states carried from batch to batch).",
+        "elmo", help="allennlp elmo's command: stateful vectors of a file, in its HDF5 layout"
+    )
+    add_elmo_arguments(p)
+    return p
+
+
+def add_elmo_arguments(p: argparse.ArgumentParser) -> None:
+    """``elmokit elmo``'s description and arguments on its parser ``p`` (sets ``func``)."""
+    p.description = (
+        "Create word vectors using ELMo, as `allennlp elmo` (AllenNLP 0.9) does: the same "
+        "arguments, the same HDF5 layout and the same numbers (states carried from batch to batch). "
+        "A repeated line keeps only its last line number in sentence_to_index, as in AllenNLP."
     )
     p.add_argument("input_file", help="one whitespace-tokenized sentence per line; - for stdin")
     p.add_argument(
@@ -978,7 +986,6 @@ def add_elmo_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="use each sentence itself as its HDF5 key instead of its line number",
     )
     p.set_defaults(func=elmo_command)
-    return p
 
 
 def elmo_command(args: argparse.Namespace) -> int:

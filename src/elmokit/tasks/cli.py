@@ -12,12 +12,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._console import command_context
+from .._console import CommandParser, command_context
 from ..hub import DEFAULT_MODEL
 from .models import ELMO_SITES, ELMO_WEIGHTINGS, ModelConfig
 from .train import TASKS, TaskConfig, run_task
 
-__all__ = ["add_task_parser", "main", "task_command"]
+__all__ = ["add_task_arguments", "add_task_parser", "main", "task_command"]
 
 
 def _fraction(text: str) -> float:
@@ -29,19 +29,24 @@ def _fraction(text: str) -> float:
 
 def add_task_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``task`` subcommand on an argparse subparsers object (sets ``func``)."""
-    defaults, model = TaskConfig("ner", "", "", "", ""), ModelConfig()
     p = subparsers.add_parser(
-        "task",
-        help="train and score a downstream model (NER, POS, sentiment) with or without ELMo",
-        description=(
-            "Train a BiLSTM-CRF tagger (ner: CoNLL-2003 IOB1, scored by conlleval entity F1; pos: "
-            "CoNLL-U UPOS, accuracy) or a BiLSTM classifier (sentiment: SST trees, accuracy). ELMo "
-            "is added through a learned scalar mix of the frozen biLM's layers, which are computed "
-            "once per data set and cached on disk (--fine-tune-elmo trains the biLM too). Writes "
-            "metrics.json, the model (model.safetensors + model.json) and the dev/test predictions."
-        ),
+        "task", help="train and score a downstream model (NER, POS, sentiment) with or without ELMo"
     )
-    p.add_argument("task", choices=TASKS)
+    add_task_arguments(p)
+    return p
+
+
+def add_task_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``task`` subcommand's description and arguments on its parser ``p`` (sets ``func``)."""
+    defaults, model = TaskConfig("ner", "", "", "", ""), ModelConfig()
+    p.description = (
+        "Train a BiLSTM-CRF tagger (ner: CoNLL-2003 IOB1, scored by conlleval entity F1; pos: "
+        "CoNLL-U UPOS, accuracy) or a BiLSTM classifier (sentiment: SST trees, accuracy). ELMo "
+        "is added through a learned scalar mix of the frozen biLM's layers, which are computed "
+        "once per data set and cached on disk (--fine-tune-elmo trains the biLM too). Writes "
+        "metrics.json, the model (model.safetensors + model.json) and the dev/test predictions."
+    )
+    p.add_argument("task", choices=TASKS, help="the task: " + ", ".join(TASKS))
     p.add_argument("--train", required=True, help="training file")
     p.add_argument("--dev", required=True, help="development file (early stopping)")
     p.add_argument("--test", required=True, help="test file")
@@ -61,7 +66,9 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--train-fraction", type=_fraction, default=1.0, help="use this share of the training sentences"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="random seed: initial weights, batches, --train-fraction's share"
+    )
     p.add_argument(
         "--epochs", type=int, help="at most this many epochs (default: rounds and patience decide)"
     )
@@ -82,16 +89,18 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
         help="stop after this many rounds without a dev gain",
     )
     p.add_argument("--binary", action="store_true", help="sentiment: SST-2 (drop neutral, negative/positive)")
-    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    p.add_argument("--lr", type=float, default=defaults.lr)
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sentences per update")
+    p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate (Adam)")
     p.add_argument(
         "--elmo-lr", type=float, help="with --fine-tune-elmo: the biLM's learning rate (default: --lr)"
     )
     p.add_argument("--hidden", type=int, default=model.hidden, help="BiLSTM cells per direction")
-    p.add_argument("--lstm-layers", type=int, default=model.lstm_layers)
+    p.add_argument(
+        "--lstm-layers", type=int, default=model.lstm_layers, help="BiLSTM layers of the task model"
+    )
     p.add_argument("--word-dim", type=int, default=model.word_dim, help="0: no word embeddings")
     p.add_argument("--char-filters", type=int, default=model.char_filters, help="0: no char CNN")
-    p.add_argument("--dropout", type=float, default=model.dropout)
+    p.add_argument("--dropout", type=float, default=model.dropout, help="dropout rate of the task model")
     p.add_argument(
         "--elmo-layer-norm", action="store_true", help="layer-normalise the biLM layers in the mix"
     )
@@ -122,7 +131,12 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-dir", help="where the biLM layers are cached (default ~/.cache/elmokit/task-layers)"
     )
-    p.add_argument("--elmo-batch-size", type=int, default=defaults.elmo_batch_size)
+    p.add_argument(
+        "--elmo-batch-size",
+        type=int,
+        default=defaults.elmo_batch_size,
+        help="sentences per batch when the biLM's layers are computed for the cache",
+    )
     p.add_argument(
         "--elmo-dtype",
         choices=["float32", "int8"],
@@ -139,7 +153,6 @@ def add_task_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier run in --out")
     p.set_defaults(func=task_command)
-    return p
 
 
 def config_from_args(args: argparse.Namespace) -> TaskConfig:
@@ -208,7 +221,7 @@ def task_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m elmokit.tasks ner|pos|sentiment ...`` (the same options as ``elmokit task``)."""
-    parser = argparse.ArgumentParser(prog="elmokit")
+    parser = CommandParser(prog="elmokit")
     sub = parser.add_subparsers(dest="command", required=True)
     add_task_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -91,3 +91,20 @@ def test_a_serve_worker_process_gets_logging_from_the_command_lines_factory_only
     assert done.stdout.split() == ["[]", "[]"]
     loaded, *rest = done.stderr.splitlines()  # the model the worker loaded, then the test's lines
     assert loaded.startswith("model tiny: ") and rest == ["serving tiny", "elmokit: warning: careful"]
+
+
+def test_a_log_line_goes_above_a_shown_progress_bar_on_its_own_line(capsys):
+    from tqdm import tqdm
+
+    log = logging.getLogger("elmokit.somewhere")
+    with command_context():
+        with tqdm(total=10, file=sys.stderr, ncols=60) as bar:
+            bar.update(3)
+            bar.refresh()
+            log.warning("stopping at the next checkpoint (SIGINT)")
+        log.warning("no bar now")
+    err = capsys.readouterr().err
+    assert "\relmokit: warning: stopping at the next checkpoint (SIGINT)\n" in err  # the bar's line cleared first
+    before = err.split("elmokit: warning: stopping")[0].split("\r")
+    assert before[-2].strip() == ""  # blanked, then the warning from the line's start
+    assert err.endswith("\nelmokit: warning: no bar now\n")

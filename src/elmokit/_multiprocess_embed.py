@@ -40,6 +40,7 @@ import sys
 import time
 from array import array as typed_array
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import connection
@@ -91,11 +92,49 @@ class LineEmbedder(Protocol):
     def encode_token_block(self, tokens: list[str]) -> np.ndarray: ...
 
 
-def progress_bar(enabled: bool, total: int | None, desc: str | None = None) -> Any:
-    """A tqdm bar of sentences on stderr (a bar that shows nothing when not ``enabled``)."""
+@contextmanager
+def progress_bar(enabled: bool, total: int | None, desc: str | None = None) -> Iterator[Any]:
+    """A tqdm bar of sentences on stderr (a bar that shows nothing when not ``enabled``). Its
+    rate is the mean since the start, and its time left is shown only once twice as long has
+    passed as the first sentence took (a batch's sentences arrive together, so the first alone
+    would say hours for a minute's work). On an error the bar is cleared, so that the error's
+    line stands alone."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="sent", disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+    class Bar(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.first: float | None = None  # seconds from the start to the first update
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.first is None and n and not self.disable:
+                self.first = self._time() - self.start_t
+            return super().update(n)
+
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            shown = super().format_dict
+            early = self.first is None or shown["elapsed"] < 2 * self.first
+            if shown["total"] and shown["n"] < shown["total"] and early:
+                shown["bar_format"] = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<?{postfix}]"
+            return shown
+
+    bar = Bar(
+        total=total,
+        desc=desc,
+        unit="sent",
+        disable=not enabled,
+        dynamic_ncols=True,
+        file=sys.stderr,
+        smoothing=0,
+    )
+    try:
+        yield bar
+    except BaseException:
+        bar.leave = False  # closing clears the bar's line
+        raise
+    finally:
+        bar.close()
 
 
 def check_splittable(mode: str, input_path: str | os.PathLike) -> int:

@@ -9,6 +9,7 @@ names the file and the line. ``-`` reads standard input.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import sys
@@ -73,12 +74,46 @@ def count_lines(path: str | os.PathLike) -> int | None:
     return count + (last not in (b"", b"\n", b"\r"))
 
 
+# a word with punctuation glued after it ("world,") or an opening bracket or quote before it
+# ('"Hello'): what whitespace-tokenized text does not hold, and raw text does
+_GLUED = re.compile(r"^\w+[,;:!?)\"]+$|^[(\"]\w")
+_FINAL_GLUED = re.compile(r"^\w{2,}[.!?]+[\")]*$")  # a sentence's last word with its period
+CHECKED_LINES = 1000  # the lines (or requests' texts) a splitter looks at for raw text
+
+
+class _WhitespaceSplitter:
+    """``str.split``, which also looks at the first ``CHECKED_LINES`` texts for punctuation
+    glued to a word and logs one warning on the first text that has it (the tokens are never
+    changed)."""
+
+    def __init__(self) -> None:
+        self.left = CHECKED_LINES
+
+    def __call__(self, text: str) -> list[str]:
+        tokens = text.split()
+        if self.left > 0 and tokens:
+            self.left -= 1
+            glued = next((t for t in tokens if _GLUED.match(t)), None)
+            if glued is None and _FINAL_GLUED.match(tokens[-1]):
+                glued = tokens[-1]
+            if glued is not None:
+                self.left = 0
+                logging.getLogger(__name__).warning(
+                    "the input looks like raw, untokenized text (%r has punctuation glued to it), but "
+                    "it is split on whitespace only, so such words are tokens the model rarely saw; "
+                    "give --tokenize (tokenize=True) to tokenize it as the training corpus was",
+                    glued,
+                )
+        return tokens
+
+
 def line_splitter(tokenize: bool) -> Callable[[str], list[str]]:
     """How a line of input becomes tokens: a split on whitespace, or with ``tokenize`` the
     tokenizer of the training corpus (``elmokit.tokenize``, the ``corpus`` extra: imported only
-    then, so that whitespace input needs no extra)."""
+    then, so that whitespace input needs no extra). The whitespace split warns once (logging)
+    when its first texts look untokenized, e.g. "Hello, world."."""
     if not tokenize:
-        return str.split
+        return _WhitespaceSplitter()
     from .tokenize import tokenize_line
 
     return tokenize_line

@@ -18,6 +18,7 @@ the bytes AllenNLP's command writes).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -75,6 +76,7 @@ class SentenceIndex:
         self._keys = tempfile.TemporaryFile(dir=self._folder)  # one JSON string per line
         self._json: BinaryIO | None = None
         self._hashes = typed_array("q")
+        self.repeated = 0  # lines that repeat an earlier line, once ``json_file`` has run
 
     def __enter__(self) -> SentenceIndex:
         return self
@@ -116,6 +118,7 @@ class SentenceIndex:
         """A temporary file holding the JSON (read from its start), and its size in bytes."""
         self._keys.flush()
         later, last = self._repeats()
+        self.repeated = len(later)
         if self._json is not None:
             self._json.close()
         out = self._json = tempfile.TemporaryFile(dir=self._folder)
@@ -259,6 +262,14 @@ def write_vectors(
                 offset = _reserve_string(out, "sentence_to_index", size)
         if sentence_index and flavour == "elmokit":  # the HDF5 file is closed: its layout is final
             _copy_into(tmp_name, offset, json_file)
+        if sentence_index and index.repeated:
+            logging.getLogger(__name__).warning(
+                "%s; sentence_to_index maps each to its last line number (as allennlp elmo's "
+                "files do); the vectors of every line are written",
+                "1 line repeats an earlier line"
+                if index.repeated == 1
+                else f"{index.repeated:,} lines repeat an earlier line",
+            )
 
 
 def _reserve_string(out: h5py.File, name: str, size: int) -> int:

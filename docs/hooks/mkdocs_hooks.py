@@ -7,19 +7,25 @@ A page asks with one HTML comment on a line of its own:
   from ``elmokit.cli.build_parser()`` at build time, so the reference is never written twice;
 - ``<!-- include: PATH -->``: the Markdown file PATH (relative to the repository root) in its
   place; images beside it are published next to the page.
+
+Every built page is then checked: a raw ``<S>``, ``</S>``, ``<UNK>``, ``<bos>`` or ``<eos>`` in its
+HTML (a token written outside backticks, which the browser reads as a tag and hides or turns into
+strike-through text) fails the build.
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import re
 import sys
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
-__all__ = ["cli_reference", "on_files", "on_page_markdown"]
+__all__ = ["check_html", "cli_reference", "on_files", "on_page_markdown", "on_post_page", "raw_tags"]
 
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", flags=re.M)
@@ -27,6 +33,9 @@ CLI = "<!-- cli-reference -->"
 # The images of included files, published at the root of the site (where the pages including
 # them are): name -> the file in the repository.
 INCLUDED_IMAGES = {"learning-curve.png": ROOT / "src/elmokit/models/elmo-news-512/learning-curve.png"}
+# ELMo's special tokens as HTML elements: what a page shows when one is written unescaped.
+RAW_TAG = re.compile(r"<\s*/?\s*(?:s|unk|bos|eos)\s*/?\s*>", flags=re.I)
+CODE_SPAN = re.compile(r"(`[^`]*`)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +49,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, ``|`` escaped, and ``<``, ``>``, ``&`` escaped outside code spans
+    (a help text's ``<S>`` shows as written)."""
+    parts = CODE_SPAN.split(" ".join(text.split()))
+    escaped = (part if i % 2 else html.escape(part, quote=False) for i, part in enumerate(parts))
+    return "".join(escaped).replace("|", "\\|")
 
 
 def _option(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
@@ -102,6 +115,27 @@ def on_page_markdown(markdown: str, **kwargs: object) -> str:
     if CLI in markdown:
         markdown = markdown.replace(CLI, cli_reference())
     return INCLUDE.sub(_include, markdown)
+
+
+def raw_tags(page_html: str) -> list[str]:
+    """The ``<S>``, ``</S>``, ``<UNK>``, ``<bos>``, ``<eos>`` elements of ``page_html`` (any case)."""
+    return [match.group(0) for match in RAW_TAG.finditer(page_html)]
+
+
+def check_html(page_html: str, where: str) -> None:
+    """Raise ``PluginError`` when the page ``where`` holds a raw special-token tag."""
+    found = raw_tags(page_html)
+    if found:
+        line = page_html.count("\n", 0, page_html.index(found[0])) + 1
+        raise PluginError(
+            f"{where}: {len(found)} raw tag(s) {sorted(set(found))} in the HTML (first on line {line}); "
+            "write the token in backticks or as &lt;S&gt;"
+        )
+
+
+def on_post_page(output: str, page: object, **kwargs: object) -> str:
+    check_html(output, str(getattr(getattr(page, "file", None), "src_uri", page)))
+    return output
 
 
 def on_files(files: Files, config: object, **kwargs: object) -> Files:

@@ -56,7 +56,7 @@ class BiLM(nn.Module):
     """ELMo's biLM. ``BiLM(options)`` builds one with fresh weights; ``BiLM.load`` reads the
     original files.
 
-    Calling it on char ids (batch, timesteps, max_chars) from ``batch_to_ids`` adds <S> and </S>
+    Calling it on char ids (batch, timesteps, max_chars) from ``batch_to_ids`` adds ``<S>`` and ``</S>``
     itself and returns a ``BiLMOutput``. Every call starts from the ``state`` it is given (by
     default the model's start state), so the same sentence gets the same vectors in any batch.
     ``start_state`` is the canonical start state read with the weights (h (n_layers, 2,
@@ -95,7 +95,7 @@ class BiLM(nn.Module):
     # -- inputs --------------------------------------------------------------------------------
     @property
     def boundary_tokens(self) -> tuple[str, str]:
-        """The tokens that wrap every sentence (bilm-tf: <S> and </S>)."""
+        """The tokens that wrap every sentence (bilm-tf: ``<S>`` and ``</S>``)."""
         return self.inputs.boundary_tokens
 
     def token_ids(self, tokens: Sequence[str]) -> torch.Tensor:
@@ -284,7 +284,7 @@ class BiLM(nn.Module):
         keep_sentence_boundaries: bool = False,
         window: int | None = DEFAULT_WINDOW,
     ) -> BiLMOutput:
-        """Run the LSTMs over token vectors that already include <S> and </S>.
+        """Run the LSTMs over token vectors that already include ``<S>`` and ``</S>``.
 
         tokens: (batch, steps, projection_dim) from the token encoder; lengths: (batch,) counting
         the boundaries. The LSTMs run on the real positions only (packed): each window of
@@ -375,9 +375,9 @@ class BiLM(nn.Module):
         )
 
     def add_sentence_boundaries(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(batch, timesteps, c) -> ids (batch, timesteps + 2, c) with <S> .. </S>, lengths + 2.
+        """(batch, timesteps, c) -> ids (batch, timesteps + 2, c) with ``<S> .. </S>``, lengths + 2.
 
-        Rows are filled from the left; a row of length n gets <S> at 0 and </S> at n + 1."""
+        Rows are filled from the left; a row of length n gets ``<S>`` at 0 and ``</S>`` at n + 1."""
         batch, steps, chars = char_ids.shape
         lengths = lengths_from_ids(char_ids)
         ids = char_ids.new_zeros(batch, steps + 2, chars)

@@ -136,9 +136,9 @@ def _top_layer(
 class SentenceScore:
     """The log-probability of one sentence of n tokens, per direction (natural logs).
 
-    forward_logprobs (n + 1,): log P_fwd(t_k | <S> t_<k) for each token, then log P_fwd(</S> | ..);
-    backward_logprobs (n + 1,): log P_bwd(t_k | t_>k </S>) for each token, then
-    log P_bwd(<S> | ..). Both are aligned with the tokens; ``oov`` counts the tokens scored as
+    forward_logprobs (n + 1,): ``log P_fwd(t_k | <S> t_<k)`` for each token, then
+    ``log P_fwd(</S> | ..)``; backward_logprobs (n + 1,): ``log P_bwd(t_k | t_>k </S>)`` for each
+    token, then ``log P_bwd(<S> | ..)``. Both are aligned with the tokens; ``oov`` counts the tokens scored as
     ``<UNK>``."""
 
     tokens: list[str]
@@ -483,8 +483,8 @@ def word_distributions(
     vocab: Vocabulary | None = None,
 ) -> WordDistributions:
     """The model's distributions over the vocabulary for the word at ``position`` (0-based) of
-    ``tokens``: forward (from <S> and the words before it), backward (from the words after it and
-    </S>), and both = log P_fwd + log P_bwd renormalised (a product of experts). ``vocab``: as
+    ``tokens``: forward (from ``<S>`` and the words before it), backward (from the words after it
+    and ``</S>``), and both = log P_fwd + log P_bwd renormalised (a product of experts). ``vocab``: as
     ``score_sentences``'."""
     softmax, vocab = _check_model(model, vocab, mode)
     _check_position(tokens, position)

@@ -1,22 +1,35 @@
-# Everything a fresh machine needs: `make demo` runs the main job, `make test` runs the test suite
-# (pytest-xdist: one worker per core, at most 4); `make lint` (ruff and the import contracts in
-# pyproject.toml) and `make typecheck` (mypy on src/elmokit) are the gates .ci/run applies.
+# Everything a fresh clone needs. `make demo` runs the main job and `make test` the test suite
+# (pytest-xdist: one worker per core, at most 4), both in .venv, set up at the versions locked in
+# requirements/test-lock.txt. `make test-fast` is the quick tier, `make lint` (ruff and the import
+# contracts in pyproject.toml), `make typecheck` (mypy) and `make docs` (the site, strictly) are
+# the gates .ci/run applies; `make test-latest`, `make test-lowest` and `make test-hub-versions`
+# try other versions of the dependencies in venvs of their own; `make lock` writes the lock anew.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
+LOCK := requirements/test-lock.txt
+# What the tests and the gates use: the dev extra (it includes every optional part but flair),
+# flair (tests/test_flair.py and the flair pages of the docs) and the docs site.
+EXTRAS := dev,flair,docs
+# The slow tests (pytest marker `slow`, set in tests/conftest.py) are left to the full suite.
+FAST := -m "not slow"
+PYTEST := -m pytest -q -n auto --maxprocesses 4
 
-.PHONY: install demo test lint typecheck clean
+.PHONY: install demo test test-fast test-latest test-lowest test-hub-versions lock lint typecheck docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch is installed explicitly first so that pip never resolves a multi-GB CUDA build.
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet --upgrade pip
+# torch is installed explicitly first so that pip never resolves a multi-GB CUDA build; the
+# project is then installed at the locked versions, with the locked setuptools as its build backend.
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
+	@echo "Setting up $(VENV) (about two minutes): pip, torch $(TORCH_VERSION) (CPU build), then elmokit[$(EXTRAS)] at the versions in $(LOCK)"
+	$(BIN)/pip install --quiet --upgrade pip setuptools --constraint $(LOCK)
 	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
-	$(BIN)/pip install --quiet -e ".[dev]"
-	touch $@
+	$(BIN)/pip install --quiet --no-build-isolation -e ".[$(EXTRAS)]" --constraint $(LOCK)
+	@touch $@
+	@echo "$(VENV) is ready"
 
 install: $(VENV)/.installed
 
@@ -24,7 +37,58 @@ demo: install
 	$(BIN)/elmokit demo
 
 test: install
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
+	$(BIN)/python $(PYTEST)
+
+test-fast: install
+	$(BIN)/python $(PYTEST) $(FAST)
+
+# A venv at the newest versions pyproject.toml allows (torch stays at TORCH_VERSION): what each
+# package drifted from the lock, then the whole suite. `make lock` takes the same versions.
+define newest_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet --upgrade pip setuptools
+	$(1)/bin/pip install --quiet torch==$(TORCH_VERSION)
+	echo torch==$(TORCH_VERSION) > $(1)/torch.txt
+	$(1)/bin/pip install --quiet -e ".[$(EXTRAS)]" --constraint $(1)/torch.txt
+endef
+
+test-latest:
+	$(call newest_venv,.venv-latest)
+	.venv-latest/bin/python scripts/lock_drift.py $(LOCK)
+	.venv-latest/bin/python $(PYTEST)
+
+lock:
+	$(call newest_venv,.venv-lock)
+	.venv-lock/bin/python scripts/lock_drift.py $(LOCK) --write
+
+# The library's own lower bounds: [project] dependencies at the lowest versions pyproject.toml
+# allows (uv's lowest-direct resolution; torch stays at TORCH_VERSION, the one on this disk), the
+# test runner at the lock's versions, and the tests that need no optional part.
+test-lowest:
+	rm -rf .venv-lowest
+	$(PYTHON) -m venv .venv-lowest
+	.venv-lowest/bin/pip install --quiet --upgrade pip setuptools --constraint $(LOCK)
+	.venv-lowest/bin/pip install --quiet torch==$(TORCH_VERSION)
+	.venv-lowest/bin/pip install --quiet uv pytest pytest-xdist sybil --constraint $(LOCK)
+	echo torch==$(TORCH_VERSION) > .venv-lowest/torch.txt
+	.venv-lowest/bin/uv pip compile --quiet pyproject.toml --resolution lowest-direct --no-header \
+	  --python .venv-lowest/bin/python --override .venv-lowest/torch.txt -o .venv-lowest/lowest.txt
+	.venv-lowest/bin/pip install --quiet -e . --constraint .venv-lowest/lowest.txt
+	.venv-lowest/bin/pip freeze | grep -iE '^(numpy|h5py|tqdm|platformdirs|filelock|torch)=='
+	.venv-lowest/bin/python $(PYTEST) $(FAST) -p no:cacheprovider
+
+# The hub extra at its lower bound and at 2.x (the suite itself runs the locked 0.36, as flair
+# caps it below 1.0), each on top of .venv, its hf:// tests against the stand-in Hub.
+HUB_VERSIONS := 0.17.0 2.4.0
+test-hub-versions: install
+	@set -e; grep -v '^huggingface' $(LOCK) > $(VENV)/lock-but-hub.txt; for v in $(HUB_VERSIONS); do \
+	  rm -rf .venv-hub-$$v; \
+	  $(BIN)/pip install --quiet --target .venv-hub-$$v "huggingface_hub==$$v" --constraint $(VENV)/lock-but-hub.txt; \
+	  echo "huggingface_hub $$v:"; \
+	  PYTHONPATH=.venv-hub-$$v $(BIN)/python -m pytest -q -n 0 -p no:cacheprovider \
+	    tests/test_hub.py tests/test_compat_specs.py -k hf; \
+	done
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks scripts
@@ -33,5 +97,8 @@ lint: install
 typecheck: install
 	$(BIN)/python -m mypy
 
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) .venv-latest .venv-lock .venv-lowest .venv-hub-* build src/*.egg-info site

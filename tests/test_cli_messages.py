@@ -114,6 +114,15 @@ def test_help_and_argument_errors_do_not_import_torch():
     assert "elmokit: error: unrecognized argument --layres (did you mean --layers?)" in done.stderr
 
 
+def test_python_dash_m_elmokit_is_the_command():
+    """``python -m elmokit`` (src/elmokit/__main__.py) runs the same command line."""
+    done = subprocess.run([sys.executable, "-m", "elmokit", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("usage: elmokit ")
+    typo = subprocess.run([sys.executable, "-m", "elmokit", "embd"], capture_output=True, text=True)
+    assert typo.returncode == 2
+    assert typo.stderr == "elmokit: error: unrecognized command embd (did you mean embed?); see 'elmokit --help'\n"
+
+
 def test_the_library_root_imports_its_names_on_first_use():
     code = (
         "import sys, elmokit\n"

@@ -57,6 +57,11 @@ class _Hub(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
+def _git_blob_id(data: bytes) -> str:
+    """The id git (and so the Hub) gives a file's contents: sha1 of ``blob <size>\\0`` + contents."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 class _HubHandler(http.server.BaseHTTPRequestHandler):
     server: _Hub
 
@@ -79,6 +84,15 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
             commit = COMMITS[path[len(api) :]]
             info = {"id": REPO, "sha": commit, "siblings": [{"rfilename": name} for name in hub.files]}
             return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+        tree = f"/api/models/{REPO}/tree/"
+        if path.startswith(tree) and path[len(tree) :] in COMMITS.values():
+            # huggingface_hub 1.x and 2.x list a snapshot's files here before they download it
+            # (0.x reads the revision's "siblings" above): one page, so no Link header.
+            listing = [
+                {"type": "file", "path": name, "size": len(data), "oid": _git_blob_id(data)}
+                for name, data in hub.files.items()
+            ]
+            return self._send(200, json.dumps(listing).encode(), {"Content-Type": "application/json"}, body)
         if path.startswith(resolve):
             commit, _, name = path[len(resolve) :].partition("/")
             if commit in COMMITS.values() and name in hub.files:

@@ -24,7 +24,7 @@ import torch
 from bench_bilm import read_sentences
 
 import elmokit
-from elmokit.options import preset
+from elmokit.model.options import preset
 
 
 def per_call(fn: Callable[[], object], repeats: int) -> float:

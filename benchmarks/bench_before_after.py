@@ -17,7 +17,7 @@ token cache emptied before the pass), in alternating order (before first in odd 
 median tokens/s of each and the median of the per-round ratios after/before, and the largest
 difference between the two versions' outputs.
 
-With ``--int8``, each version's int8 form of that model (``elmokit.int8.quantize_bilm``; the
+With ``--int8``, each version's int8 form of that model (``elmokit.model.int8.quantize_bilm``; the
 older checkout must have one).
 
 With ``--shipped``, the shipped model (``elmo-news-512``, each version's own copy) instead, the
@@ -69,6 +69,18 @@ def import_before(src: Path, into: Path) -> ModuleType:
     return importlib.import_module("elmokit_before")
 
 
+def submodule(package: str, *names: str) -> ModuleType:
+    """The first module ``package.<name>`` of ``names`` that exists: where a module sits in this
+    layout (packages by layer, e.g. ``model.characters``) or in an older one (``characters``)."""
+    for name in names:
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{package}.{name}" and not f"{package}.{name}".startswith(f"{err.name}."):
+                raise
+    raise ModuleNotFoundError(f"{package} has none of the modules {', '.join(names)}")
+
+
 def time_pass(model: Any, char_ids: list[torch.Tensor]) -> float:
     """Seconds for one pass over the batches, the token cache emptied first."""
     model.token_encoder.clear_cache()
@@ -102,7 +114,8 @@ def interleaved(passes: dict[str, Callable[[], float]], rounds: int, tokens: int
 def empty_caches(package: ModuleType, model: Any, embedder: Any = None) -> None:
     """Empty every per-token cache of ``model`` (a BiLM), of ``embedder`` and of their package."""
     model.token_encoder.clear_cache()
-    ids = getattr(package.characters, "_IDS", None)  # the char-id cache of versions that had one
+    characters = submodule(package.__name__, "model.characters", "characters")
+    ids = getattr(characters, "_IDS", None)  # the char-id cache of versions that had one
     if ids is not None:
         ids.clear()
     own = getattr(embedder, "cache", None)  # the Embedder's own encoding cache of versions that had one
@@ -165,7 +178,7 @@ def shipped(before: ModuleType, args: argparse.Namespace) -> list[dict[str, Any]
 
 
 def inference(before: ModuleType, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
-    from elmokit.options import preset
+    from elmokit.model.options import preset
 
     torch.manual_seed(0)
     options_file, weight_file = folder / "options.json", folder / "weights.hdf5"
@@ -176,8 +189,8 @@ def inference(before: ModuleType, args: argparse.Namespace, folder: Path) -> lis
     }
     if args.int8:  # each version's int8 form of the same model
         models = {
-            "before": importlib.import_module(f"{before.__name__}.int8").quantize_bilm(models["before"]),
-            "after": importlib.import_module("elmokit.int8").quantize_bilm(models["after"]),
+            "before": submodule(before.__name__, "model.int8", "int8").quantize_bilm(models["before"]),
+            "after": importlib.import_module("elmokit.model.int8").quantize_bilm(models["after"]),
         }
     sentences = read_sentences(args.sentences, args.n_sentences)
     tokens = sum(len(s) for s in sentences)
@@ -212,8 +225,9 @@ def inference(before: ModuleType, args: argparse.Namespace, folder: Path) -> lis
 
 
 def training(before: ModuleType, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    from elmokit.data import Vocabulary, corpus_files, count_tokens
-    from elmokit.options import BiLMOptions, preset
+    from elmokit.lm.vocabulary import Vocabulary
+    from elmokit.model.options import BiLMOptions, preset
+    from elmokit.training.data import corpus_files, count_tokens
 
     if not args.vocab:  # every token of the training text
         args.vocab = str(folder / "vocab.txt")
@@ -221,12 +235,12 @@ def training(before: ModuleType, args: argparse.Namespace, folder: Path) -> dict
 
     trainers, streams = {}, {}
     for name, package in (("before", "elmokit_before"), ("after", "elmokit")):
-        data_mod = importlib.import_module(f"{package}.data")
-        # d119d49 had one module train.py; now training/config.py and training/loop.py
-        old = name == "before"
-        config_mod = importlib.import_module(f"{package}.train" if old else "elmokit.training.config")
-        train_mod = importlib.import_module(f"{package}.train" if old else "elmokit.training.loop")
-        vocab = data_mod.Vocabulary.from_file(args.vocab)
+        # older versions: data.py (with the vocabulary) and, as d119d49, one module train.py
+        data_mod = submodule(package, "training.data", "data")
+        vocab_mod = submodule(package, "lm.vocabulary", "data")
+        config_mod = submodule(package, "training.config", "train")
+        train_mod = submodule(package, "training.loop", "train")
+        vocab = vocab_mod.Vocabulary.from_file(args.vocab)
         options = preset(args.shape)
         max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token
         data = data_mod.BidirectionalLMBatches(
@@ -295,7 +309,9 @@ def main() -> None:
     p.add_argument("--n-sentences", type=int, default=256)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--shipped", action="store_true", help="Embedder and Elmo on the shipped model")
-    p.add_argument("--int8", action="store_true", help="inference: each version's int8 form (elmokit.int8)")
+    p.add_argument(
+        "--int8", action="store_true", help="inference: each version's int8 form (elmokit.model.int8)"
+    )
     p.add_argument("--train", help="training corpus glob (enables the training comparison)")
     p.add_argument("--vocab", help="vocabulary file for --train (default: every token of it)")
     p.add_argument("--train-steps", type=int, default=20, help="timed steps per version")

@@ -28,11 +28,11 @@ batches. The roofline does not know about the cache: compare "% roofline" with
 ``--token-cache 0``.
 
 ``--kernels`` sets ``ELMOKIT_KERNELS`` for the workers (``on``, ``off``, or a value that
-``elmokit.kernels.parse`` reads, e.g. ``--kernels=-token_cache``). ``--compare-kernel NAME`` runs
+``elmokit.base.kernels.parse`` reads, e.g. ``--kernels=-token_cache``). ``--compare-kernel NAME`` runs
 every configuration with that kernel on and off in turn (on, off, on, off, ...; ``--repeats``
 times each, 3 by default) and prints the median tokens/s of each and the kernel's gain; with
 ``--in-process`` one worker per configuration does that, switching the kernel between passes over
-the sentences (``elmokit.kernels.set_enabled``), which leaves out the drift between processes.
+the sentences (``elmokit.base.kernels.set_enabled``), which leaves out the drift between processes.
 
 ``--pause-pid PID`` stops that process (e.g. a training job on the same cores) during the matmul
 measurement and each worker run, and resumes it right after (always, also on errors).
@@ -56,8 +56,8 @@ import torch
 from common import Pauser, cpu_sample, matmul_gflops, others_busy, wait_until_quiet, write_report
 
 import elmokit
-from elmokit.char_cnn import TokenEncoder
-from elmokit.options import BiLMOptions, preset
+from elmokit.model.char_cnn import TokenEncoder
+from elmokit.model.options import BiLMOptions, preset
 
 SHAPES = ("small", "original")
 # Default sentences per shape: the original shape runs at a few hundred tokens/s on 2 cores.
@@ -116,8 +116,8 @@ def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Load one model, time it on one batch size; returns the figures of each timed pass.
 
     One pass over the sentences, or with ``spec["alternate"]`` (``ELMOKIT_KERNELS`` values) one
-    pass per value in turn, ``spec["passes"]`` rounds, switching with ``elmokit.kernels``."""
-    from elmokit import kernels
+    pass per value in turn, ``spec["passes"]`` rounds, switching with ``elmokit.base.kernels``."""
+    from elmokit.base import kernels
 
     torch.set_num_threads(spec["threads"])
     rss_import = rss_mb()
@@ -221,7 +221,7 @@ def run_worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def kernel_settings(base: str, compare: str | None) -> list[str]:
     """The ``ELMOKIT_KERNELS`` values to run: ``base``, or (comparing kernel ``compare``) base
     with that kernel on, then off."""
-    from elmokit import kernels
+    from elmokit.base import kernels
 
     value = {"on": "1", "off": "0"}.get(base, base)
     if compare is None:

@@ -44,7 +44,7 @@ from typing import Any
 from common import LM1B_SHARDS, Pauser, matmul_rate, run_child, thread_env, wait_until_quiet, write_report
 
 import elmokit
-from elmokit.options import preset
+from elmokit.model.options import preset
 
 SHAPES = ("small", "original")
 

@@ -33,9 +33,9 @@ from bench_bilm import read_sentences
 from common import shown_command, synchronize
 
 import elmokit
-from elmokit import kernels
-from elmokit.embed import Embedder
-from elmokit.options import preset
+from elmokit.base import kernels
+from elmokit.embed.embedder import Embedder
+from elmokit.model.options import preset
 
 
 def embed_rate(embedder: Embedder, sentences: list[list[str]], budget: float) -> tuple[float, int]:

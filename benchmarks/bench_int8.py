@@ -6,7 +6,7 @@
         --n-sentences 1000 --rounds 0
 
 Speed: for a random model of a published shape (speed does not depend on the weights), Embedders
-on the same model: ``float32`` (the default path), ``int8`` (``elmokit.int8``), the int8 form
+on the same model: ``float32`` (the default path), ``int8`` (``elmokit.model.int8``), the int8 form
 with its LSTM steps run by Python (the kernel ``lstm_scripted`` off) and, with ``--onnx``,
 onnxruntime's float32 and int8 graphs. Each round runs every variant once on the same sentences, in turn, at
 batch 1 (one sentence per call, ``embed_sentence``) and at batch 64 (``embed_sentences``), each
@@ -32,8 +32,8 @@ from bench_bilm import read_sentences
 from bench_onnx import speed, token_cosines
 
 from elmokit import Embedder
-from elmokit.bilm import BiLM
-from elmokit.options import preset
+from elmokit.model.bilm import BiLM
+from elmokit.model.options import preset
 
 VARIANTS: dict[str, dict[str, str]] = {
     "float32": {},

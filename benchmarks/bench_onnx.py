@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from bench_bilm import read_sentences
 
-from elmokit import Embedder, kernels
-from elmokit.bilm import BiLM
-from elmokit.options import preset
+from elmokit import Embedder
+from elmokit.base import kernels
+from elmokit.model.bilm import BiLM
+from elmokit.model.options import preset
 
 VARIANTS = {
     "torch": {},

@@ -77,7 +77,7 @@ from bench_bilm import median, read_sentences
 from common import Pauser, cpu_sample, matmul_rate, others_busy, shown_command, write_report
 
 import elmokit
-from elmokit.options import preset
+from elmokit.model.options import preset
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLENNLP_BUILDER = ROOT / "tests" / "fixtures" / "allennlp-0.9" / "make_reference.py"
@@ -149,7 +149,7 @@ def same_model_check(peer_first: np.ndarray, ours_first: np.ndarray) -> float:
 
 def elmokit_side(bilm: elmokit.BiLM, case: str, batch_size: int) -> Embed:
     """elmokit's call for a case; a fresh Embedder (empty token cache) for every round. The
-    "-int8" cases run the int8 form (``elmokit.int8``), made once, its token cache emptied at the
+    "-int8" cases run the int8 form (``elmokit.model.int8``), made once, its token cache emptied at the
     start of every round; the "-onnxruntime" cases one Embedder of backend onnxruntime (the model
     exported once; that backend keeps no token cache)."""
     if case.endswith("-onnxruntime"):
@@ -158,7 +158,7 @@ def elmokit_side(bilm: elmokit.BiLM, case: str, batch_size: int) -> Embed:
             return lambda sentences: list(embedder.embed_sentences(sentences))
         return lambda sentences: [embedder.embed_sentence(s) for s in sentences]
     if case.endswith("-int8"):
-        from elmokit.int8 import quantize_bilm
+        from elmokit.model.int8 import quantize_bilm
 
         bilm = quantize_bilm(bilm)
         fresh = elmokit_side(bilm, case.removesuffix("-int8"), batch_size)

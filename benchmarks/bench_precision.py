@@ -25,7 +25,7 @@ import torch
 from bench_bilm import read_sentences
 from common import Pauser
 
-from elmokit.embed import Embedder
+from elmokit.embed.embedder import Embedder
 from elmokit.hub import DEFAULT_MODEL
 
 

@@ -48,7 +48,7 @@ from bench_embed import read_pool
 from common import LM1B_SHARDS, _process_jiffies, thread_env
 
 import elmokit
-from elmokit.options import preset
+from elmokit.model.options import preset
 
 MODEL = "bench"
 

@@ -25,11 +25,11 @@ of the ops the profiler counts FLOPs of (the matmuls, not conv1d) with the least
 they need at the measured matmul rate: a floor under the step time.
 
 ``--kernels`` sets ``ELMOKIT_KERNELS`` for the workers (``on``, ``off``, or a value that
-``elmokit.kernels.parse`` reads, e.g. ``--kernels=-sampled_softmax``). ``--compare-kernel NAME``
+``elmokit.base.kernels.parse`` reads, e.g. ``--kernels=-sampled_softmax``). ``--compare-kernel NAME``
 runs every configuration with that kernel on and off in turn (on, off, on, off, ...;
 ``--repeats`` times each, 3 by default) and prints the median ms/step of each and the gain; with
 ``--in-process`` one worker per configuration does that, switching the kernel step by step
-(``elmokit.kernels.set_enabled``; ``--steps`` steps each), which leaves out the drift between
+(``elmokit.base.kernels.set_enabled``; ``--steps`` steps each), which leaves out the drift between
 processes.
 
 ``--pause-pid PID`` stops that process (e.g. a training job on the same cores) while each worker
@@ -80,9 +80,10 @@ def build_trainer(
 ) -> tuple[Any, Any, Any]:
     """The training recipe's batches over ``train`` and a ``Trainer`` (a throw-away save dir):
     (trainer, batches, vocabulary)."""
-    from elmokit.data import BidirectionalLMBatches, Vocabulary, corpus_files
-    from elmokit.options import BiLMOptions
+    from elmokit.lm.vocabulary import Vocabulary
+    from elmokit.model.options import BiLMOptions
     from elmokit.training.config import TrainConfig
+    from elmokit.training.data import BidirectionalLMBatches, corpus_files
     from elmokit.training.loop import Distributed, Trainer
 
     vocab = Vocabulary.from_file(vocab_file)
@@ -102,9 +103,9 @@ def build_trainer(
 def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Build the data and the Trainer of one configuration, time its steps; returns the figures
     of each setting: one, or with ``spec["alternate"]`` (``ELMOKIT_KERNELS`` values) each in turn,
-    switched step by step with ``elmokit.kernels`` (``steps`` steps each)."""
-    from elmokit import kernels
-    from elmokit.options import preset
+    switched step by step with ``elmokit.base.kernels`` (``steps`` steps each)."""
+    from elmokit.base import kernels
+    from elmokit.model.options import preset
 
     torch.set_num_threads(spec["threads"])
     rss_import = rss_mb()
@@ -223,7 +224,8 @@ def profile(trainer: Any, batches: Any, steps: int, device: torch.device) -> dic
 def build_vocab(args: argparse.Namespace, folder: Path) -> str:
     if args.vocab:
         return args.vocab
-    from elmokit.data import Vocabulary, corpus_files, count_tokens
+    from elmokit.lm.vocabulary import Vocabulary
+    from elmokit.training.data import corpus_files, count_tokens
 
     counts = count_tokens(corpus_files(args.train))
     path = folder / "vocab.txt"

@@ -150,8 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", help="also write the results as JSON to this file")
     args = p.parse_args(argv)
 
-    from elmokit.data import Vocabulary, corpus_files, count_tokens
-    from elmokit.options import preset
+    from elmokit.lm.vocabulary import Vocabulary
+    from elmokit.model.options import preset
+    from elmokit.training.data import corpus_files, count_tokens
 
     command = shown_command("bench_train_peer.py", sys.argv[1:] if argv is None else argv)
     print(f"command: {command}", flush=True)

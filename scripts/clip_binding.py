@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from elmokit import kernels
-from elmokit.bilm import BiLM
-from elmokit.lstm import BiLstmLayer
-from elmokit.textfiles import read_lines
+from elmokit.base import kernels
+from elmokit.base.textfiles import read_lines
+from elmokit.model.bilm import BiLM
+from elmokit.model.lstm import BiLstmLayer
 
 DIRECTIONS = ("forward", "backward")
 

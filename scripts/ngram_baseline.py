@@ -4,7 +4,7 @@
 Trains two interpolated modified Kneser-Ney n-gram models (Chen & Goodman 1999, the estimate
 KenLM's ``lmplz`` and SRILM's ``-kndiscount -interpolate`` make) on the biLM's training files and
 vocabulary: a forward one on ``<S> w1 .. wn </S>`` and a backward one on the reversed sentences
-``</S> wn .. w1 <S>``. Held-out text is scored exactly as ``elmokit.evaluate.evaluate_perplexity``
+``</S> wn .. w1 <S>``. Held-out text is scored exactly as ``elmokit.training.evaluate.evaluate_perplexity``
 scores the biLM:
 
 * each non-blank line is a sentence, split on whitespace; tokens outside the vocabulary become
@@ -43,8 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from elmokit.characters import BOS_TOKEN, EOS_TOKEN
-from elmokit.data import Vocabulary, corpus_files
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.model.characters import BOS_TOKEN, EOS_TOKEN
+from elmokit.training.data import corpus_files
 
 BILM_STREAMS = 256  # evaluate_perplexity's default batch size
 

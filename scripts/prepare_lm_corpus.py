@@ -100,7 +100,7 @@ from pathlib import Path
 try:
     import regex
 
-    from elmokit.tokenize import (  # noqa: F401  (re-exported for tests and callers)
+    from elmokit.base.tokenize import (  # noqa: F401  (re-exported for tests and callers)
         _SPACE_RE,
         normalize_punctuation,
         split_and_tokenize,

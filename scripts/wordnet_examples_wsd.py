@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from elmokit.tokenize import tokenize_line  # noqa: E402
+from elmokit.base.tokenize import tokenize_line  # noqa: E402
 
 POS_FILES = {"noun": "NOUN", "verb": "VERB", "adj": "ADJ", "adv": "ADV"}
 # a sense key's synset type (lemma%TYPE:...) -> the data file it lives in

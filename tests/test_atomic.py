@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-import elmokit.atomic
-from elmokit.atomic import Terminated, atomic_path, handle_signals, raise_if_signalled, terminate_raises
+import elmokit.base.atomic
+from elmokit.base.atomic import Terminated, atomic_path, handle_signals, raise_if_signalled, terminate_raises
 from elmokit.cli import main
 
 
@@ -80,13 +80,13 @@ def test_sigterm_during_a_commands_write_leaves_no_partial_file(tmp_path, monkey
     line; afterwards the process's handlers are what they were."""
     source = tmp_path / "in.txt"
     source.write_text("the bank raised rates .\n")
-    real_check = elmokit.atomic.raise_if_signalled
+    real_check = elmokit.base.atomic.raise_if_signalled
 
     def sigterm_before_the_commit() -> None:  # the output is complete, not yet renamed
         os.kill(os.getpid(), signal.SIGTERM)  # the handler raises Terminated here
         real_check()
 
-    monkeypatch.setattr(elmokit.atomic, "raise_if_signalled", sigterm_before_the_commit)
+    monkeypatch.setattr(elmokit.base.atomic, "raise_if_signalled", sigterm_before_the_commit)
     code = main(["embed", str(source), str(tmp_path / "out.hdf5"), "--model", "elmo-tiny-reference", "--quiet"])
     assert code == 128 + signal.SIGTERM
     assert capsys.readouterr().err.splitlines()[-1] == (

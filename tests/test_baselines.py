@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elmokit.data import Vocabulary, heldout_batches
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.training.data import heldout_batches
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ngram_baseline.py"
 _spec = importlib.util.spec_from_file_location("ngram_baseline", _SCRIPT)

@@ -163,7 +163,7 @@ def test_out_state_continues_a_stream_as_the_stateful_model_does(tiny_files, tin
 
 
 def test_default_state_is_the_start_state_and_zero_is_explicit(tiny_files, tiny_sentences):
-    from elmokit.lstm import LstmState
+    from elmokit.model.lstm import LstmState
 
     model = BiLM.load(*tiny_files)
     ids = batch_to_ids([tiny_sentences[1][0].split(), tiny_sentences[1][1].split()])
@@ -185,7 +185,7 @@ def test_default_state_is_the_start_state_and_zero_is_explicit(tiny_files, tiny_
 
 
 def test_explicit_state_carries_gradients(bilm, tiny_sentences):
-    from elmokit.lstm import LstmState
+    from elmokit.model.lstm import LstmState
 
     ids = batch_to_ids([tiny_sentences[2][0].split()])
     h = torch.zeros(2, 2, 1, 16, requires_grad=True)

@@ -7,9 +7,9 @@ import copy
 import numpy as np
 import torch
 
-from elmokit.char_cnn import CharCNN
-from elmokit.characters import tokens_to_ids
-from elmokit.options import BiLMOptions, preset
+from elmokit.model.char_cnn import CharCNN
+from elmokit.model.characters import tokens_to_ids
+from elmokit.model.options import BiLMOptions, preset
 
 
 def full_width(cnn: CharCNN, char_ids: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from elmokit import batch_to_ids
-from elmokit.characters import token_to_ids, tokens_to_ids
+from elmokit.model.characters import token_to_ids, tokens_to_ids
 
 
 def test_token_ids_wrap_bytes_and_pad():

@@ -92,7 +92,7 @@ def test_cuda_without_cuda_is_one_error_line(command, device, text_file, tmp_pat
 
 
 def test_a_gpu_index_the_machine_lacks_is_named(monkeypatch):
-    from elmokit.devices import resolve_device
+    from elmokit.base.devices import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -267,7 +267,7 @@ def test_bad_option_values_are_one_error_line(argv, message, capsys):
 
 def test_start_state_rows_are_checked_in_the_api_too(tiny_files):
     from elmokit import BiLM
-    from elmokit.start_state import estimate_start_state
+    from elmokit.lm.start_state import estimate_start_state
 
     with pytest.raises(
         ValueError, match=r"^rows \(parallel streams\) must be an integer of at least 1, got 0$"

@@ -134,7 +134,7 @@ def test_the_library_root_imports_its_names_on_first_use():
         "    print(err)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == ["False True", "elmokit.bilm True", "module 'elmokit' has no attribute 'nothing'"]
+    assert out.splitlines() == ["False True", "elmokit.model.bilm True", "module 'elmokit' has no attribute 'nothing'"]
 
 
 def test_train_task_and_elmo_options_are_added_when_used(capsys):
@@ -170,7 +170,7 @@ def test_embed_warns_once_about_raw_text_and_never_about_tokenized_text(tmp_path
 
 
 def test_raw_text_warning_changes_no_vector(tmp_path):
-    from elmokit.textfiles import line_splitter
+    from elmokit.base.textfiles import line_splitter
 
     split = line_splitter(False)
     assert [split(line) for line in ["Hello, world.", "Hello, world."]] == [["Hello,", "world."]] * 2
@@ -204,7 +204,7 @@ def test_an_error_during_embed_clears_the_bar_before_its_line(tmp_path, capsys):
 
 
 def test_the_bar_shows_no_time_left_from_its_first_sentence(capsys, monkeypatch):
-    from elmokit._multiprocess_embed import progress_bar
+    from elmokit.embed._multiprocess_embed import progress_bar
 
     with progress_bar(True, 2000) as bar:
         now = bar.start_t

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit.bilm import BiLM
 from elmokit.hub import TINY_REFERENCE
-from elmokit.lstm import BiLstmLayer
+from elmokit.model.bilm import BiLM
+from elmokit.model.lstm import BiLstmLayer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "clip_binding.py"
 SENTENCES = [

@@ -274,8 +274,8 @@ RAW = [
 def lm_folder(tmp_path_factory) -> Path:
     """The tiny biLM with a vocabulary (<S> </S> <UNK> and some of the words: others are
     outside it) and a random softmax: what load(full=True) reads."""
-    from elmokit.softmax import Softmax
-    from elmokit.weights import save_softmax
+    from elmokit.lm.softmax import Softmax
+    from elmokit.model.weights import save_softmax
 
     folder = tmp_path_factory.mktemp("simple-elmo-lm")
     shutil.copy(TINY / "options.json", folder / "options.json")

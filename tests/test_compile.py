@@ -12,8 +12,8 @@ import torch
 
 from elmokit import BiLM, batch_to_ids
 from elmokit.compat import allennlp as compat
-from elmokit.elmo import Elmo
-from elmokit.token_cache import EncodingCache, caching_allowed
+from elmokit.model.elmo import Elmo
+from elmokit.model.token_cache import EncodingCache, caching_allowed
 
 from .conftest import TINY
 

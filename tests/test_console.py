@@ -9,16 +9,17 @@ import subprocess
 import sys
 
 import elmokit.cli
-from elmokit._console import command_context
-from elmokit.atomic import atomic_path
+import elmokit.cli.commands
+from elmokit.base._console import command_context
+from elmokit.base.atomic import atomic_path
 
 
 def test_importing_the_library_configures_no_logging_and_no_signal_handler():
     code = (
         "import logging, pkgutil, importlib, signal, elmokit\n"
-        "skip = {'elmokit.cli', 'elmokit._console', 'elmokit.tasks.__main__'}\n"
+        "skip = {'elmokit.base._console', 'elmokit.tasks.__main__'}\n"
         "for m in pkgutil.walk_packages(elmokit.__path__, 'elmokit.'):\n"
-        "    if m.name not in skip and not m.name.startswith(('elmokit.integrations', 'elmokit.serve')):\n"
+        "    if m.name not in skip and not m.name.startswith(('elmokit.integrations', 'elmokit.serve', 'elmokit.cli')):\n"
         "        importlib.import_module(m.name)\n"
         "log = logging.getLogger('elmokit')\n"
         "print(log.handlers, log.level, logging.getLogger().handlers,\n"
@@ -61,7 +62,7 @@ def test_the_cli_runs_each_command_inside_the_context(tmp_path, monkeypatch, cap
             tmp.write_text("done")
         return 0
 
-    monkeypatch.setattr(elmokit.cli, "models_command", command)
+    monkeypatch.setattr(elmokit.cli.commands, "models_command", command)
     assert elmokit.cli.main(["models"]) == 0
     assert seen == [True] and (tmp_path / "out.txt").read_text() == "done"
     assert capsys.readouterr().err == ""  # an INFO line: shown with --verbose only
@@ -77,15 +78,15 @@ def test_a_serve_worker_process_gets_logging_from_the_command_lines_factory_only
         "import logging, os\n"
         "from elmokit.hub import MODELS_DIR\n"
         "from elmokit.serve import CONFIG_ENV, ServeConfig, create_app_from_env\n"
-        "from elmokit._console import serve_worker_app\n"
+        "from elmokit.cli._serve_worker import serve_worker_app\n"
         "model = f'tiny={MODELS_DIR / \"elmo-tiny-reference\"}'\n"
         "os.environ[CONFIG_ENV] = ServeConfig(models=(model,), device='cpu').to_json()\n"
         "create_app_from_env()\n"
         "print(logging.getLogger().handlers, logging.getLogger('elmokit').handlers)\n"
         "serve_worker_app()\n"
         "logging.getLogger('elmokit.serve').info('serving tiny')\n"
-        "logging.getLogger('elmokit.embed').info('not shown')\n"
-        "logging.getLogger('elmokit.embed').warning('careful')\n"
+        "logging.getLogger('elmokit.embed.embedder').info('not shown')\n"
+        "logging.getLogger('elmokit.embed.embedder').warning('careful')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["[]", "[]"]

@@ -25,8 +25,9 @@ import h5py
 import numpy as np
 import torch
 
-from elmokit.checkpoints import latest_checkpoint, load_checkpoint_file
-from elmokit.data import Vocabulary, count_tokens
+from elmokit.lm.checkpoints import latest_checkpoint, load_checkpoint_file
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.training.data import count_tokens
 
 from .conftest import TINY
 from .test_train import write_corpus

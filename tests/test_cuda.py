@@ -12,7 +12,8 @@ import torch
 
 from elmokit import BiLM, Elmo, Embedder, batch_to_ids
 from elmokit.cli import main as cli_main
-from elmokit.data import BidirectionalLMBatches, Vocabulary
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.training.data import BidirectionalLMBatches
 from elmokit.training.loop import Distributed, Trainer
 
 from .conftest import TINY
@@ -106,7 +107,7 @@ def test_training_steps_on_the_gpu_track_the_cpus(tmp_path, corpus, precision): 
 
 
 def test_pinned_copy_gives_the_plain_copys_arrays_which_later_batches_leave_alone():
-    from elmokit import kernels
+    from elmokit.base import kernels
 
     many = SENTENCES * 5  # 10 batches of 2 through one staging buffer
     embedder = Embedder("elmo-news-512", device="cuda", batch_size=2, mode="zero")

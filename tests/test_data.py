@@ -7,12 +7,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from elmokit.characters import token_to_ids
-from elmokit.data import (
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.model.characters import token_to_ids
+from elmokit.training.data import (
     BidirectionalLMBatches,
     LMBatches,
     SentenceStream,
-    Vocabulary,
     corpus_files,
     count_tokens,
     heldout_batches,

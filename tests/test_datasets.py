@@ -1,4 +1,4 @@
-"""`elmokit data list|sample|fetch` and elmokit.datasets: the shipped samples (real, parseable,
+"""`elmokit data list|sample|fetch` and elmokit.hub.datasets: the shipped samples (real, parseable,
 packaged, each with its provenance note), the table of data sets, and downloads from a local
 HTTP server on 127.0.0.1 (the one of tests/test_download.py): a good data set, wrong checksums
 (refused, nothing left in the folder or the cache), existing files (refused without --overwrite),
@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from elmokit import datasets
+from elmokit.base.task_data import read_conllu, read_sst
 from elmokit.cli import main
-from elmokit.datasets import DATA_SETS, SAMPLES_DIR, SOURCE_NOTE, DataFile, DataSet, Download
-from elmokit.hub import transport
+from elmokit.hub import datasets, transport
+from elmokit.hub.datasets import DATA_SETS, SAMPLES_DIR, SOURCE_NOTE, DataFile, DataSet, Download
 from elmokit.probe import read_tagged
-from elmokit.task_data import read_conllu, read_sst
 
 from .test_download import _Server
 

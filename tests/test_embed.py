@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import BiLM, batch_to_ids, kernels
+from elmokit import BiLM, batch_to_ids
+from elmokit.base import kernels
 from elmokit.cli import main
-from elmokit.embed import Embedder
-from elmokit.lstm import LstmState
-from elmokit.start_state import estimate_start_state
+from elmokit.embed.embedder import Embedder
+from elmokit.lm.start_state import estimate_start_state
+from elmokit.model.lstm import LstmState
 
 from .conftest import TINY
 
@@ -300,9 +301,10 @@ def test_embed_refuses_to_replace_its_own_input(tmp_path, capsys):
 def test_every_text_reader_ends_lines_at_lf_crlf_and_lone_cr(tmp_path, bilm):
     """One rule for every reader (universal newlines, as allennlp's elmo command reads): the
     embed line numbers, the training data, the vocabulary and start-state's text agree."""
+    from elmokit.base.textfiles import count_lines, read_lines
     from elmokit.cli import _read_sentences
-    from elmokit.data import Vocabulary, count_tokens
-    from elmokit.textfiles import count_lines, read_lines
+    from elmokit.lm.vocabulary import Vocabulary
+    from elmokit.training.data import count_tokens
 
     path = tmp_path / "in.txt"
     path.write_bytes(b"a b\rc d\r\ne\n\rf")
@@ -512,7 +514,7 @@ def test_start_state_is_a_buffer_that_moves_and_round_trips(tiny_files):
 
 def test_the_hdf5_free_list_switch_turns_the_tuning_off(bilm, tmp_path, monkeypatch):
     """Kernel hdf5_free_lists (on by default) makes embed_file call into libhdf5; off, it does not."""
-    from elmokit import _hdf5_tuning, kernels
+    from elmokit.base import _hdf5_tuning, kernels
 
     calls: list[int] = []
     monkeypatch.setattr(_hdf5_tuning, "_limit_free_lists", lambda: calls.append(1) or True)

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import kernels
-from elmokit.embed import Embedder
+from elmokit.base import kernels
+from elmokit.embed.embedder import Embedder
 
 from .conftest import TINY
 
@@ -281,7 +281,7 @@ def test_a_killed_process_leaves_the_previous_output(tmp_path, launcher, victim)
 
 
 def test_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
-    from elmokit.devices import process_device
+    from elmokit.base.devices import process_device
 
     chosen: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -306,7 +306,7 @@ def test_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
 
 
 def test_this_process_reads_torchruns_environment():
-    from elmokit.devices import Process, this_process
+    from elmokit.base.devices import Process, this_process
 
     assert this_process({}) == Process(0, 0, 1, 0)
     got = this_process({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RESTART_COUNT": "2"})

@@ -13,13 +13,15 @@ import sys
 import pytest
 import torch
 
-import elmokit.char_cnn as char_cnn
-import elmokit.embed as embed
-from elmokit import BiLM, batch_to_ids, kernels, lstm
-from elmokit.char_cnn import distinct_rows
-from elmokit.lstm import LstmState
-from elmokit.options import LstmOptions, preset
-from elmokit.vectors_file import SentenceIndex
+import elmokit.embed.embedder as embed
+import elmokit.model.char_cnn as char_cnn
+from elmokit import BiLM, batch_to_ids
+from elmokit.base import kernels
+from elmokit.embed.vectors_file import SentenceIndex
+from elmokit.model import lstm
+from elmokit.model.char_cnn import distinct_rows
+from elmokit.model.lstm import LstmState
+from elmokit.model.options import LstmOptions, preset
 
 
 def test_packed_inference_equals_autograd_path(tiny_sentences):

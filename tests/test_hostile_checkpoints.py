@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit.checkpoints import latest_checkpoint, load_checkpoint_file
-from elmokit.data import Vocabulary, count_tokens
+from elmokit.lm.checkpoints import latest_checkpoint, load_checkpoint_file
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.training.data import count_tokens
 
 from .test_train import TINY_RUN, cli, write_corpus
 
@@ -223,7 +224,7 @@ def test_a_checkpoint_without_manifest_still_resumes_and_its_crcs_are_checked(ru
 
 
 def test_the_committed_pre_manifest_checkpoint_verifies():
-    from elmokit.checkpoints import verify_checkpoint_file
+    from elmokit.lm.checkpoints import verify_checkpoint_file
 
     folder = Path(__file__).parent.parent / "checkpoints" / "news-512"
     latest = latest_checkpoint(folder)

@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 
 import elmokit
-from elmokit.atomic import atomic_path, check_output
-from elmokit.bilm import BiLM
+from elmokit.base.atomic import atomic_path, check_output
 from elmokit.cli import main
 from elmokit.compat import AllenNLPConflictError, install_allennlp_modules, uninstall_allennlp_modules
-from elmokit.data import Vocabulary, count_tokens
-from elmokit.softmax import Softmax
-from elmokit.weights import save_softmax
+from elmokit.lm.softmax import Softmax
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.model.bilm import BiLM
+from elmokit.model.weights import save_softmax
+from elmokit.training.data import count_tokens
 
 from .conftest import TINY
 

@@ -1,5 +1,5 @@
 """Hostile model files and sizes: every size is bounded before anything is allocated, and every
-refusal is one line naming the file (or option) and the cause (elmokit.bounds)."""
+refusal is one line naming the file (or option) and the cause (elmokit.base.bounds)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 from elmokit import BiLM, BiLMOptions, OptionsError
 from elmokit.cli import main
-from elmokit.manylangs import ManyLangsError, model_config_file
-from elmokit.options import preset
-from elmokit.weights import open_hdf5
+from elmokit.model.manylangs import ManyLangsError, model_config_file
+from elmokit.model.options import preset
+from elmokit.model.weights import open_hdf5
 
 from .conftest import FIXTURES, TINY
 
@@ -121,14 +121,14 @@ def test_a_model_larger_than_the_machine_is_refused_before_anything_is_allocated
     error = _embed(tmp_path, options, capsys)
     assert error.startswith(f"{options}: the model it describes has ")
     assert "parameters and needs at least " in error and "more than this machine's memory" in error
-    from elmokit.bounds import SizeError
+    from elmokit.base.bounds import SizeError
 
     with pytest.raises(SizeError, match="more than this machine's memory"):
         BiLM(BiLMOptions.from_dict(json.loads(options.read_text())))
 
 
 def test_the_parameter_count_is_that_of_the_modules_built():
-    from elmokit.bounds import parameter_count
+    from elmokit.base.bounds import parameter_count
 
     for options in (BiLMOptions.from_dict(preset("tiny")), BiLM.load(*_tiny()).options):
         assert parameter_count(options) == sum(p.numel() for p in BiLM(options).parameters())
@@ -231,7 +231,7 @@ def test_a_weight_file_of_many_empty_groups_is_refused_at_once(tmp_path):
     path = tmp_path / "weights.hdf5"
     shutil.copy(TINY / "lm_weights.hdf5", path)
     with h5py.File(path, "a") as handle:
-        for k in range(10_000):  # elmokit.bounds.MAX_HDF5_OBJECTS
+        for k in range(10_000):  # elmokit.base.bounds.MAX_HDF5_OBJECTS
             handle.create_group(f"empty{k}")
     start = time.perf_counter()
     with pytest.raises(ValueError) as err:

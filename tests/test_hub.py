@@ -27,8 +27,8 @@ from elmokit.hub import (
     resolve_model,
 )
 from elmokit.hub.hf import parse_hf_spec
-from elmokit.inputs import InputScheme
-from elmokit.manylangs import ManyLangsInputs
+from elmokit.model.inputs import InputScheme
+from elmokit.model.manylangs import ManyLangsInputs
 from elmokit.tasks.cache import default_cache_dir
 
 from .conftest import FIXTURES

@@ -1,4 +1,4 @@
-"""The int8 form of a BiLM on the PyTorch path (elmokit.int8, Embedder(dtype="int8"), --dtype int8)."""
+"""The int8 form of a BiLM on the PyTorch path (elmokit.model.int8, Embedder(dtype="int8"), --dtype int8)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import Embedder, StatefulBiLM, int8, kernels
-from elmokit.bilm import BiLM
-from elmokit.char_cnn import CharCNN
+from elmokit import Embedder, StatefulBiLM
+from elmokit.base import kernels
 from elmokit.cli import main
 from elmokit.hub import TINY_REFERENCE
-from elmokit.int8 import (
+from elmokit.model import int8
+from elmokit.model.bilm import BiLM
+from elmokit.model.char_cnn import CharCNN
+from elmokit.model.int8 import (
     FORM,
     Int8BiLstmLayer,
     Int8CharCNN,
@@ -29,8 +31,8 @@ from elmokit.int8 import (
     scripted,
     stacked_filters,
 )
-from elmokit.lstm import BiLstmLayer
-from elmokit.options import CharCNNOptions
+from elmokit.model.lstm import BiLstmLayer
+from elmokit.model.options import CharCNNOptions
 from elmokit.tasks import LayerCache
 
 WORDS = "the a cat dog sat ran on under mat house quickly slowly red blue . , and but".split()
@@ -151,7 +153,7 @@ def test_steps_run_in_python_where_torchscript_cannot_compile_them(tiny, monkeyp
 
     monkeypatch.setattr(int8, "_scripted", {})
     monkeypatch.setattr(torch.jit, "script", refuse)
-    with caplog.at_level("INFO", logger="elmokit.int8"):
+    with caplog.at_level("INFO", logger="elmokit.model.int8"):
         assert scripted(direction_steps) is direction_steps
     assert (
         "direction_steps runs in Python: TorchScript cannot compile it (no TorchScript here)" in caplog.text

@@ -1,4 +1,4 @@
-"""ELMoForManyLangs models (elmokit.manylangs) against the numbers ELMoForManyLangs' own code
+"""ELMoForManyLangs models (elmokit.model.manylangs) against the numbers ELMoForManyLangs' own code
 computed with them (tests/fixtures/elmoformanylangs, see tests/fixtures/PROVENANCE.md)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from elmokit import BiLM, Embedder, StatefulBiLM
 from elmokit.cli import main
 from elmokit.compat.manylangs import ManyLangsEmbedder
 from elmokit.hub import is_manylangs_folder
-from elmokit.manylangs import (
+from elmokit.model.manylangs import (
     CONFIGS_DIR,
     ManyLangsError,
     ManyLangsInputs,

@@ -1,4 +1,4 @@
-"""ONNX export (elmokit export-onnx, elmokit.onnx_export) and the onnxruntime backend of the Embedder:
+"""ONNX export (elmokit export-onnx, elmokit.embed.onnx_export) and the onnxruntime backend of the Embedder:
 the exported graph against the PyTorch model (batch 1, 7 and 64; lengths 1 to 600; the tiny
 reference model, a random original-shape model with a start state, an ELMoForManyLangs model),
 state carried over calls, the scan form of the LSTM against the packed one, and the files it
@@ -15,18 +15,18 @@ import pytest
 import torch
 
 from elmokit import Embedder, StatefulBiLM
-from elmokit.bilm import BiLM
 from elmokit.cli import main
-from elmokit.lstm import LstmState
-from elmokit.options import preset
-from elmokit.scan_lstm import scan_bilstm
+from elmokit.model.bilm import BiLM
+from elmokit.model.lstm import LstmState
+from elmokit.model.options import preset
+from elmokit.model.scan_lstm import scan_bilstm
 
 from .conftest import FIXTURES, TINY
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from elmokit.onnx_export import OnnxBiLM, export_onnx  # noqa: E402
+from elmokit.embed.onnx_export import OnnxBiLM, export_onnx  # noqa: E402
 
 ATOL = 1e-5
 

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 
 from elmokit import BiLM, Embedder
+from elmokit.embed.senses import nearest_contexts, read_contexts
 from elmokit.hub import DEFAULT_MODEL, MODELS_DIR, available_models, model_files
-from elmokit.senses import nearest_contexts, read_contexts
 
 NEWS = "elmo-news-512"
 CONFIG = Path(__file__).parent.parent / "configs" / "news-512.json"

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from elmokit.base.task_data import TaggedSentence
 from elmokit.cli import main
-from elmokit.embed import Embedder
+from elmokit.embed.embedder import Embedder
 from elmokit.probe import (
     Instance,
     ProbeSettings,
@@ -23,7 +24,6 @@ from elmokit.probe import (
     run_wsd,
 )
 from elmokit.probe.tagging import _scores, _Split, _train_probe
-from elmokit.task_data import TaggedSentence
 
 MODEL = "elmo-tiny-reference"
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "home"]

@@ -132,7 +132,7 @@ def test_options_and_weights_pair_and_shipped_names():
 
 def _manylangs_installed() -> bool:
     try:
-        import elmokit.manylangs  # noqa: F401
+        import elmokit.model.manylangs  # noqa: F401
     except ModuleNotFoundError:
         return False
     return True
@@ -156,7 +156,7 @@ def test_an_elmoformanylangs_zip_loads(tmp_path):
     """NLPL's ELMoForManyLangs archives hold the model's folder."""
     fixture = TINY.parent / "elmoformanylangs" / "char-model"
     if not _manylangs_installed() or not fixture.is_dir():
-        pytest.skip("needs elmokit.manylangs and its test fixture")
+        pytest.skip("needs elmokit.model.manylangs and its test fixture")
     import zipfile
 
     archive = tmp_path / "144.zip"

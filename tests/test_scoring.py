@@ -16,19 +16,19 @@ import torch
 import torch.nn.functional as F
 
 from elmokit import BiLM
-from elmokit.characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
 from elmokit.cli import main
-from elmokit.data import SPECIAL_TOKENS, Vocabulary
-from elmokit.language_model import LanguageModel
-from elmokit.lstm import LstmState
-from elmokit.scoring import (
+from elmokit.lm.language_model import LanguageModel
+from elmokit.lm.scoring import (
     FIELDS,
     score_sentences,
     substitutes,
     word_distributions,
 )
-from elmokit.softmax import Softmax
-from elmokit.weights import save_softmax
+from elmokit.lm.softmax import Softmax
+from elmokit.lm.vocabulary import SPECIAL_TOKENS, Vocabulary
+from elmokit.model.characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
+from elmokit.model.lstm import LstmState
+from elmokit.model.weights import save_softmax
 
 from .conftest import TINY
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from elmokit import Embedder
-from elmokit.senses import BANK_CONTEXTS, Context, nearest_contexts, read_contexts
+from elmokit.embed.senses import BANK_CONTEXTS, Context, nearest_contexts, read_contexts
 
 
 def test_shipped_contexts_hold_the_word_and_a_sense():

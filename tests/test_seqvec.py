@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from elmokit import BiLM, StatefulBiLM
-from elmokit.bilm import DEFAULT_WINDOW
 from elmokit.compat import install_allennlp_modules, uninstall_allennlp_modules
 from elmokit.compat.allennlp import ElmoEmbedder, batch_to_ids
-from elmokit.lstm import Packing
+from elmokit.model.bilm import DEFAULT_WINDOW
+from elmokit.model.lstm import Packing
 
 # SeqVec's options.json as published with its weights (sacdallago/bio_embeddings,
 # machine_learning/model/options.json): the 2x4096_512 biLM, 2 highway layers, 2048 filters.

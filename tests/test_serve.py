@@ -29,9 +29,9 @@ uvicorn = pytest.importorskip("uvicorn")
 from starlette.testclient import TestClient  # noqa: E402
 
 from elmokit.cli import main  # noqa: E402
-from elmokit.embed import Embedder  # noqa: E402
+from elmokit.embed.embedder import Embedder  # noqa: E402
 from elmokit.hub import MODELS_DIR, NEWS_MODEL, TINY_REFERENCE  # noqa: E402
-from elmokit.language_model import LanguageModel  # noqa: E402
+from elmokit.lm.language_model import LanguageModel  # noqa: E402
 from elmokit.serve import Limits, ServeConfig, ServedModel, create_app, load_model, model_name  # noqa: E402
 
 SENTENCES = [
@@ -424,9 +424,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def test_a_request_can_only_name_models_loaded_at_start(tiny, monkeypatch, tmp_path):
     """Paths, URLs and names of models that exist but were not loaded are 404: the server reads
     no file and fetches no URL for a request."""
-    import elmokit.bilm
     import elmokit.hub.resolve
-    import elmokit.language_model
+    import elmokit.lm.language_model
+    import elmokit.model.bilm
 
     def forbidden(*args, **kwargs):
         raise AssertionError(f"a request made the server load a model: {args}")
@@ -448,7 +448,7 @@ def test_a_request_can_only_name_models_loaded_at_start(tiny, monkeypatch, tmp_p
     ]
     try:
         with TestClient(create_app([tiny], _config())) as client:
-            for module in (elmokit.hub.resolve, elmokit.bilm, elmokit.language_model):
+            for module in (elmokit.hub.resolve, elmokit.model.bilm, elmokit.lm.language_model):
                 monkeypatch.setattr(module, "resolve_model", forbidden)
             for name in names:
                 for path, body in (
@@ -523,7 +523,7 @@ def news() -> ServedModel:
 
 
 def test_score_substitutes_and_vectors_of_a_model_with_a_softmax(news):
-    from elmokit.scoring import score_sentences, substitutes
+    from elmokit.lm.scoring import score_sentences, substitutes
 
     lm = LanguageModel.from_pretrained(NEWS_MODEL, device="cpu")
     sentences = [s.split() for s in SENTENCES[:3]]
@@ -883,7 +883,7 @@ def test_verbose_reaches_every_worker_process(monkeypatch, tmp_path):
         code = (
             "import logging, uvicorn.importer\n"
             f"uvicorn.importer.import_from_string({factory!r})()\n"
-            "logging.getLogger('elmokit.embed').info('an INFO line of the library')\n"
+            "logging.getLogger('elmokit.embed.embedder').info('an INFO line of the library')\n"
         )
         env = {**_env(), "ELMOKIT_SERVE_CONFIG": config.to_json()}
         done = subprocess.run(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import elmokit
-from elmokit.options import preset
+from elmokit.model.options import preset
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "size_search.py"
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import softmax as softmax_module
-from elmokit.softmax import (
+from elmokit.lm import softmax as softmax_module
+from elmokit.lm.softmax import (
     LogUniformSampler,
     Softmax,
     full_softmax_loss,

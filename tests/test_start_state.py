@@ -17,13 +17,13 @@ import torch
 
 from elmokit import BiLM
 from elmokit.cli import main
-from elmokit.data import Vocabulary
-from elmokit.embed import Embedder
-from elmokit.evaluate import _positions, evaluate_perplexity
+from elmokit.embed.embedder import Embedder
 from elmokit.hub import MODELS_DIR, PACKAGE_DIR, TINY_REFERENCE
-from elmokit.language_model import LanguageModel
-from elmokit.start_state import estimate_start_state
-from elmokit.weights import has_start_state, save_options, save_softmax, save_weights
+from elmokit.lm.language_model import LanguageModel
+from elmokit.lm.start_state import estimate_start_state
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.model.weights import has_start_state, save_options, save_softmax, save_weights
+from elmokit.training.evaluate import _positions, evaluate_perplexity
 
 from .conftest import TINY
 

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from elmokit import BiLM, Embedder
+from elmokit.base.task_data import from_bioes, tag_scheme
 from elmokit.cli import main as elmokit_main
 from elmokit.hub import TINY_REFERENCE, model_files
-from elmokit.task_data import from_bioes, tag_scheme
 from elmokit.tasks import (
     ConditionalRandomField,
     LayerCache,

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from elmokit import BiLM, Embedder, batch_to_ids, kernels
-from elmokit.options import preset
-from elmokit.token_cache import EncodingCache, LruCache
+from elmokit import BiLM, Embedder, batch_to_ids
+from elmokit.base import kernels
+from elmokit.model.options import preset
+from elmokit.model.token_cache import EncodingCache, LruCache
 
 WORDS = "the a of to in and stocks rose fell shares bank river money said year market oil".split()
 
@@ -185,7 +186,8 @@ def test_logged_heldout_perplexity_equals_a_fresh_evaluation(tmp_path):
     """A CPU training run (fused Adagrad) that evaluates held-out text at every checkpoint: the
     perplexity it logs at the last one equals ``elmokit evaluate`` of that checkpoint in a new
     process (the token cache, filled by the earlier evaluations, must not serve old encodings)."""
-    from elmokit.data import Vocabulary, count_tokens
+    from elmokit.lm.vocabulary import Vocabulary
+    from elmokit.training.data import count_tokens
 
     _write_corpus(tmp_path / "train" / "a.txt", 200, seed=0)
     _write_corpus(tmp_path / "heldout" / "a.txt", 300, seed=1)

@@ -13,15 +13,16 @@ import pytest
 import torch
 
 from elmokit import BiLM
-from elmokit._processes import run_processes
-from elmokit.checkpoints import latest_checkpoint, load_checkpoint_file
-from elmokit.data import BidirectionalLMBatches, Vocabulary, count_tokens
-from elmokit.evaluate import evaluate_perplexity
-from elmokit.export import export_model
-from elmokit.language_model import LanguageModel
-from elmokit.options import preset
+from elmokit.base._processes import run_processes
+from elmokit.lm.checkpoints import latest_checkpoint, load_checkpoint_file
+from elmokit.lm.language_model import LanguageModel
+from elmokit.lm.vocabulary import Vocabulary
+from elmokit.model.options import preset
 from elmokit.training import loop
 from elmokit.training.config import TrainConfig, TrainingError, prepare_run, resume_config
+from elmokit.training.data import BidirectionalLMBatches, count_tokens
+from elmokit.training.evaluate import evaluate_perplexity
+from elmokit.training.export import export_model
 from elmokit.training.launch import launch
 from elmokit.training.loop import Distributed, StopRequest, Trainer, setup_distributed
 
@@ -932,7 +933,7 @@ def test_leftovers_of_a_crash_are_removed_and_replayed_steps_logged_once(tmp_pat
     run's rotation at its next checkpoint; metrics.csv keeps each step once."""
     import subprocess
 
-    from elmokit.atomic import atomic_path
+    from elmokit.base.atomic import atomic_path
 
     run = tmp_path / "run"
     train(make_config(tmp_path, corpus, max_steps=2), progress=False)
@@ -1014,7 +1015,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, corpu
 
 
 def _device_error(device: str) -> ValueError:
-    from elmokit.devices import resolve_device
+    from elmokit.base.devices import resolve_device
 
     with pytest.raises(ValueError) as info:
         resolve_device(device)
@@ -1123,7 +1124,7 @@ def test_the_runs_messages_are_shown_once_and_its_warnings_as_the_commands(capsy
     import io
     import logging
 
-    from elmokit._console import command_context
+    from elmokit.base._console import command_context
     from elmokit.training.launch import messages_to
 
     stream = io.StringIO()

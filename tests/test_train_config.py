@@ -13,9 +13,9 @@ import torch
 
 import elmokit.training.config as config_module
 import elmokit.training.launch as launch_module
+from elmokit.base.devices import Process
 from elmokit.cli import build_parser
-from elmokit.devices import Process
-from elmokit.options import preset
+from elmokit.model.options import preset
 from elmokit.training.config import (
     TrainConfig,
     TrainingError,

@@ -1,5 +1,5 @@
 """The kernels on the training path equal plain autograd: the same computation with the kernels
-on and off (``elmokit.kernels``) gives the same values and gradients."""
+on and off (``elmokit.base.kernels``) gives the same values and gradients."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from elmokit import kernels
-from elmokit.char_cnn import CharCNN
-from elmokit.characters import tokens_to_ids
-from elmokit.options import BiLMOptions, preset
-from elmokit.softmax import Softmax, sampled_softmax_loss
+from elmokit.base import kernels
+from elmokit.lm.softmax import Softmax, sampled_softmax_loss
+from elmokit.model.char_cnn import CharCNN
+from elmokit.model.characters import tokens_to_ids
+from elmokit.model.options import BiLMOptions, preset
 
 
 def _switch(on: bool):
@@ -98,7 +98,7 @@ def test_sampled_losses_of_groups_equal_one_call_per_group():
 
 def test_language_model_step_equals_with_kernels_off():
     """A whole training forward and backward (sampled softmax, dropout off) with and without."""
-    from elmokit.bilm import BiLM
+    from elmokit.model.bilm import BiLM
 
     results = []
     for on in (True, False):

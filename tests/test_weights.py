@@ -130,8 +130,8 @@ def test_not_an_hdf5_file(tiny_files, tmp_path):
 
 
 def test_softmax_file_round_trip_and_vocabulary_mismatch(tmp_path):
-    from elmokit.softmax import Softmax
-    from elmokit.weights import load_softmax, save_softmax
+    from elmokit.lm.softmax import Softmax
+    from elmokit.model.weights import load_softmax, save_softmax
 
     torch.manual_seed(3)
     saved, loaded = Softmax(10, 4), Softmax(10, 4)
@@ -147,9 +147,9 @@ def test_the_layout_module_knows_no_model_class():
     import ast
     from pathlib import Path
 
-    import elmokit.weights
+    import elmokit.model.weights
 
-    tree = ast.parse(Path(elmokit.weights.__file__).read_text())
+    tree = ast.parse(Path(elmokit.model.weights.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported.isdisjoint({"bilm", "elmo", "embed", "char_cnn", "softmax"}), imported
 
@@ -341,7 +341,7 @@ def _unsafe_variants(tmp_path):
 
 @pytest.mark.parametrize("kind", ["external link", "external storage", "virtual dataset", "soft link"])
 def test_weight_files_that_read_other_files_are_refused(tiny_files, tmp_path, kind):
-    from elmokit.weights import UnsafeHDF5Error
+    from elmokit.model.weights import UnsafeHDF5Error
 
     change, message = _unsafe_variants(tmp_path)[kind]
     _copy_weights(tiny_files[1], tmp_path / "w.hdf5", change)
@@ -350,8 +350,8 @@ def test_weight_files_that_read_other_files_are_refused(tiny_files, tmp_path, ki
 
 
 def test_softmax_file_that_reads_another_file_is_refused(tmp_path):
-    from elmokit.softmax import Softmax
-    from elmokit.weights import UnsafeHDF5Error, load_softmax
+    from elmokit.lm.softmax import Softmax
+    from elmokit.model.weights import UnsafeHDF5Error, load_softmax
 
     (tmp_path / "secret.bin").write_bytes(b"\x00" * 16)
     with h5py.File(tmp_path / "softmax.hdf5", "w") as f:
@@ -379,8 +379,8 @@ def test_damaged_weight_file_is_a_named_error(tiny_files, tmp_path):
 def test_task_layer_cache_that_reads_another_file_is_refused(tmp_path):
     """The downstream tasks' layer cache is an HDF5 file elmokit reads back (memory-mapped):
     external storage there is refused too, while a damaged cache is only a miss (rewritten)."""
+    from elmokit.model.weights import UnsafeHDF5Error
     from elmokit.tasks.cache import _open
-    from elmokit.weights import UnsafeHDF5Error
 
     (tmp_path / "secret.bin").write_bytes(b"\x00" * 48)
     with h5py.File(tmp_path / "cache.hdf5", "w") as f:

@@ -12,46 +12,46 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from .bilm import BiLM, BiLMOutput, CarriedState, StatefulBiLM
-    from .characters import batch_to_ids
-    from .elmo import Elmo, ElmoOutput
-    from .embed import Embedder
+    from .embed.embedder import Embedder
     from .hub import DEFAULT_MODEL, DownloadError, ModelSource, resolve_model
-    from .language_model import LanguageModel
-    from .options import BiLMOptions, OptionsError
-    from .scalar_mix import ScalarMix
-    from .scoring import (
+    from .lm.language_model import LanguageModel
+    from .lm.scoring import (
         SentenceScore,
         Substitutes,
         score_sentences,
         substitutes,
         word_distributions,
     )
-    from .weights import WeightFileError
+    from .model.bilm import BiLM, BiLMOutput, CarriedState, StatefulBiLM
+    from .model.characters import batch_to_ids
+    from .model.elmo import Elmo, ElmoOutput
+    from .model.options import BiLMOptions, OptionsError
+    from .model.scalar_mix import ScalarMix
+    from .model.weights import WeightFileError
 
 _HOMES = {
-    "BiLM": "bilm",
-    "BiLMOutput": "bilm",
-    "CarriedState": "bilm",
-    "StatefulBiLM": "bilm",
-    "batch_to_ids": "characters",
-    "Elmo": "elmo",
-    "ElmoOutput": "elmo",
-    "Embedder": "embed",
+    "BiLM": "model.bilm",
+    "BiLMOutput": "model.bilm",
+    "CarriedState": "model.bilm",
+    "StatefulBiLM": "model.bilm",
+    "batch_to_ids": "model.characters",
+    "Elmo": "model.elmo",
+    "ElmoOutput": "model.elmo",
+    "Embedder": "embed.embedder",
     "DEFAULT_MODEL": "hub",
     "DownloadError": "hub",
     "ModelSource": "hub",
     "resolve_model": "hub",
-    "LanguageModel": "language_model",
-    "BiLMOptions": "options",
-    "OptionsError": "options",
-    "ScalarMix": "scalar_mix",
-    "SentenceScore": "scoring",
-    "Substitutes": "scoring",
-    "score_sentences": "scoring",
-    "substitutes": "scoring",
-    "word_distributions": "scoring",
-    "WeightFileError": "weights",
+    "LanguageModel": "lm.language_model",
+    "BiLMOptions": "model.options",
+    "OptionsError": "model.options",
+    "ScalarMix": "model.scalar_mix",
+    "SentenceScore": "lm.scoring",
+    "Substitutes": "lm.scoring",
+    "score_sentences": "lm.scoring",
+    "substitutes": "lm.scoring",
+    "word_distributions": "lm.scoring",
+    "WeightFileError": "model.weights",
 }
 
 __all__ = [

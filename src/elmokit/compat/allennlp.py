@@ -40,9 +40,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import check_output
-from ..bilm import BiLM, BiLMOutput, CarriedState
-from ..characters import (
+from ..base.atomic import check_output
+from ..base.textfiles import count_lines, read_lines
+from ..embed.embedder import evaluating
+from ..embed.vectors_file import output_array, write_vectors
+from ..hub.transport import sniff
+from ..model.bilm import BiLM, BiLMOutput, CarriedState
+from ..model.characters import (
     BEGIN_OF_SENTENCE_CHAR,
     BEGIN_OF_WORD_CHAR,
     BOS_TOKEN,
@@ -52,13 +56,9 @@ from ..characters import (
     PADDING_CHAR,
     token_to_ids,
 )
-from ..embed import evaluating
-from ..hub.transport import sniff
-from ..lstm import LstmState
-from ..scalar_mix import mix_layers
-from ..textfiles import count_lines, read_lines
-from ..vectors_file import output_array, write_vectors
-from ..weights import _bilm_table, lstm_cell_prefix
+from ..model.lstm import LstmState
+from ..model.scalar_mix import mix_layers
+from ..model.weights import _bilm_table, lstm_cell_prefix
 from .files import load_bilm
 
 logger = logging.getLogger(__name__)

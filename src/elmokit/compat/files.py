@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..bilm import BiLM
 from ..hub import resolve_file, resolve_model
 from ..hub.transport import sniff
+from ..model.bilm import BiLM
 
 __all__ = ["load_bilm", "resolve_model_file"]
 

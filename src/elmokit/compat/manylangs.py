@@ -1,5 +1,5 @@
 """ELMoForManyLangs' own API on elmokit: ``ManyLangsEmbedder`` is its ``Embedder``
-(``elmokit.manylangs`` reads the model folders)."""
+(``elmokit.model.manylangs`` reads the model folders)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bilm import StatefulBiLM
-from ..characters import check_token_lists
-from ..devices import resolve_device
+from ..base.devices import resolve_device
+from ..model.bilm import StatefulBiLM
+from ..model.characters import check_token_lists
 from .files import load_bilm
 
 __all__ = ["ManyLangsEmbedder"]

@@ -79,17 +79,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..bilm import BiLM, CarriedState
-from ..characters import (
+from ..embed.embedder import evaluating
+from ..hub import resolve_model
+from ..lm.language_model import LanguageModel
+from ..model.bilm import BiLM, CarriedState
+from ..model.characters import (
     BEGIN_OF_SENTENCE_CHAR,
     BEGIN_OF_WORD_CHAR,
     END_OF_SENTENCE_CHAR,
     END_OF_WORD_CHAR,
     PADDING_CHAR,
 )
-from ..embed import evaluating
-from ..hub import resolve_model
-from ..language_model import LanguageModel
 
 logger = logging.getLogger(__name__)
 

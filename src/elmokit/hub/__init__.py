@@ -4,7 +4,8 @@ cache folder. The hub reads no model: building one is ``BiLM.from_pretrained``'s
 
 Modules: ``cache`` (the cache folder, offline mode), ``transport`` (plain URLs), ``hf`` (the
 Hugging Face Hub), ``archives`` (.zip checked and unpacked), ``registry`` (the known models, as
-data), ``shipped`` (the models in the package, the default model), ``resolve`` (the resolver).
+data), ``shipped`` (the models in the package, the default model), ``resolve`` (the resolver),
+``datasets`` (a data set's name -> its verified local files, as a spec is for a model).
 """
 
 from .archives import ArchiveError

@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from ..atomic import _alive
+from ..base.atomic import _alive
 
 __all__ = ["UNPACKED", "ArchiveError", "check_zip", "unpack_zip"]
 

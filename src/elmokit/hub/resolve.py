@@ -249,7 +249,7 @@ def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> Model
 
 def is_manylangs_folder(folder: Path) -> bool:
     """Whether ``folder`` is an ELMoForManyLangs model folder: a ``config.json`` (and no bilm-tf
-    ``options.json``) beside at least one of its model files; ``elmokit.manylangs`` names any
+    ``options.json``) beside at least one of its model files; ``elmokit.model.manylangs`` names any
     file that is missing when it reads the folder."""
     folder = Path(folder)
     if not folder.is_dir() or not (folder / "config.json").is_file() or (folder / "options.json").exists():

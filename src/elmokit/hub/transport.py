@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..atomic import write_json
+from ..base.atomic import write_json
 from .cache import ENV_CACHE, ENV_OFFLINE, cache_dir, offline
 
 __all__ = [
@@ -126,7 +126,7 @@ class ChecksumError(DownloadError):
 class Expected:
     """What the publisher says of a file (any may be unknown), and what kind of file it is:
     ``kind`` "zip", "json", "hdf5", "model" (any of the three), "gzip", "text" (UTF-8, not an
-    HTML page; the data sets of ``elmokit.datasets``) or None (from the URL's name, see
+    HTML page; the data sets of ``elmokit.hub.datasets``) or None (from the URL's name, see
     ``url_kind``)."""
 
     size: int | None = None

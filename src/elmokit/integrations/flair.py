@@ -32,11 +32,11 @@ try:
 except ImportError as err:  # pragma: no cover - the module is only usable with flair
     raise ImportError("elmokit.integrations.flair needs flair: pip install 'elmokit[flair]'") from err
 
-from ..bilm import BiLM, CarriedState
 from ..compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, batch_to_ids
 from ..compat.files import load_bilm
-from ..embed import evaluating
-from ..lstm import LstmState
+from ..embed.embedder import evaluating
+from ..model.bilm import BiLM, CarriedState
+from ..model.lstm import LstmState
 
 __all__ = ["ELMoEmbeddings"]
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..atomic import write_bytes
+from ..base.atomic import write_bytes
 
 __all__ = ["plot_probes", "probe_title"]
 

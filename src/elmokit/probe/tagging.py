@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..bounds import available_memory_bytes
-from ..embed import Embedder
-from ..scalar_mix import ScalarMix
-from ..task_data import TaggedSentence, read_conll2003, read_conllu, spans
+from ..base.bounds import available_memory_bytes
+from ..base.task_data import TaggedSentence, read_conll2003, read_conllu, spans
+from ..embed.embedder import Embedder
+from ..model.scalar_mix import ScalarMix
 
 __all__ = [
     "FORMATS",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..embed import Embedder
+from ..embed.embedder import Embedder
 from .tagging import parse_layers
 
 __all__ = [

@@ -11,7 +11,7 @@ it as one length-sorted batch. The models run in warm mode, where a sentence's v
 depend on what it is batched with, so a request's answer is the one it would get alone.
 
 Models are loaded once, at start; a request can only name one of them, never a path or a URL.
-This package is a product layer over ``elmokit.embed`` and ``elmokit.scoring``: only the CLI
+This package is a product layer over ``elmokit.embed`` and ``elmokit.lm.scoring``: only the CLI
 imports it. It needs the ``serve`` extra (Starlette, uvicorn, prometheus-client).
 
 Modules: ``config`` (what the server is started with, the models it loads), ``limits`` (reading

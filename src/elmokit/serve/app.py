@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..vectors_file import output_array, select_layers
+from ..embed.vectors_file import output_array, select_layers
 from .batcher import Batcher, Metrics
 from .config import API_KEY_ENV, CONFIG_ENV, ServeConfig, ServedModel, load_models
 from .limits import (
@@ -238,7 +238,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
 
     async def score(request: Request) -> Response:
         async def run() -> dict:
-            from ..scoring import score_sentences
+            from ..lm.scoring import score_sentences
 
             data = await read_json(request, limits)
             model, batcher = chosen(data, scoring=True)
@@ -255,7 +255,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
 
     async def substitutes(request: Request) -> Response:
         async def run() -> dict:
-            from ..scoring import substitutes as predict
+            from ..lm.scoring import substitutes as predict
 
             data = await read_json(request, limits)
             model, batcher = chosen(data, scoring=True)
@@ -333,7 +333,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
 def create_app_from_env() -> Starlette:
     """The app of one ``--workers`` process: the configuration from ``ELMOKIT_SERVE_CONFIG``,
     the API key from ``ELMOKIT_API_KEY``; each process loads its own copy of the models. It
-    leaves logging as it finds it (the command line's factory, ``elmokit._console.serve_worker_app``,
+    leaves logging as it finds it (the command line's factory, ``elmokit.cli._serve_worker.serve_worker_app``,
     sets it up first)."""
     config = ServeConfig.from_json(os.environ[CONFIG_ENV])
     return create_app(load_models(config), config, os.environ.get(API_KEY_ENV) or None)

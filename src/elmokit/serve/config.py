@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..embed import Embedder
+from ..embed.embedder import Embedder
 from ..hub import DEFAULT_MODEL
-from ..language_model import LanguageModel
+from ..lm.language_model import LanguageModel
 
 __all__ = [
     "API_KEY_ENV",

@@ -12,7 +12,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..textfiles import line_splitter
+from ..base.textfiles import line_splitter
 from .config import Limits
 
 __all__ = [

@@ -7,7 +7,7 @@ biLM (the default) its layers are computed once per data set (``LayerCache``) an
 mix and the task model are trained.
 """
 
-from ..task_data import (
+from ..base.task_data import (
     LabeledSentence,
     TaggedSentence,
     bioes_to_iob1,

@@ -29,10 +29,10 @@ import h5py
 import numpy as np
 
 from .. import __version__, hub
-from ..atomic import atomic_path
-from ..embed import Embedder
-from ..int8 import FORM as INT8_FORM
-from ..weights import UnsafeHDF5Error, WeightFileError, open_hdf5
+from ..base.atomic import atomic_path
+from ..embed.embedder import Embedder
+from ..model.int8 import FORM as INT8_FORM
+from ..model.weights import UnsafeHDF5Error, WeightFileError, open_hdf5
 
 FORMAT = "elmokit-task-layers-v2"
 MODE = "warm"

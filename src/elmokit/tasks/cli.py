@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._console import CommandParser, command_context
+from ..base._console import CommandParser, command_context
 from ..hub import DEFAULT_MODEL
 from .models import ELMO_SITES, ELMO_WEIGHTINGS, ModelConfig
 from .train import TASKS, TaskConfig, run_task

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..elmo import Elmo
-from ..scalar_mix import ScalarMix
+from ..model.elmo import Elmo
+from ..model.scalar_mix import ScalarMix
 from .crf import ConditionalRandomField
 
 __all__ = [

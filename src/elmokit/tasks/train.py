@@ -27,12 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..atomic import atomic_path, check_outputs_in, write_bytes, write_json
-from ..bilm import BiLM
-from ..characters import batch_to_ids, token_to_ids
-from ..elmo import Elmo
-from ..hub import DEFAULT_MODEL, TINY_REFERENCE, model_files
-from ..task_data import (
+from ..base.atomic import atomic_path, check_outputs_in, write_bytes, write_json
+from ..base.task_data import (
     from_bioes,
     iob1_to_bioes,
     read_conll2003,
@@ -40,12 +36,16 @@ from ..task_data import (
     read_sst,
     tag_scheme,
 )
+from ..hub import DEFAULT_MODEL, TINY_REFERENCE, model_files
+from ..model.bilm import BiLM
+from ..model.characters import batch_to_ids, token_to_ids
+from ..model.elmo import Elmo
 from .cache import CachedLayers, LayerCache, file_sha256
 from .crf import bioes_constraints
 from .models import Batch, Classifier, ModelConfig, Tagger
 
 if TYPE_CHECKING:
-    from ..embed import Embedder
+    from ..embed.embedder import Embedder
 
 __all__ = ["TASKS", "TaskConfig", "TrainedTask", "cache_layers", "entity_scores", "run_task"]
 
@@ -92,7 +92,7 @@ class TaskConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache_dir: str | None = None
     elmo_batch_size: int = 64
-    elmo_dtype: str = "float32"  # the frozen biLM's features: float32 or int8 (elmokit.int8)
+    elmo_dtype: str = "float32"  # the frozen biLM's features: float32 or int8 (elmokit.model.int8)
     threads: int | None = 1  # torch CPU threads during the run (None: leave torch's setting)
     word_dropout: float = 0.5  # chance of replacing a training-set singleton by <unk>
     progress: bool = True
@@ -713,7 +713,7 @@ class TrainedTask:
         return cls(model, config, saved["words"], saved["labels"])
 
     def predict(self, sentences: Sequence[Sequence[str]], batch_size: int = 64) -> list:
-        from ..embed import Embedder
+        from ..embed.embedder import Embedder
 
         config, tagging = self.config, self.config.task != "sentiment"
         examples = [Example(list(s), "", "") for s in sentences]

@@ -21,12 +21,12 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_json
-from ..bounds import check_training_size
-from ..checkpoints import CONFIG_FILE, VOCAB_FILE, latest_checkpoint, read_json, resume_point
-from ..data import Vocabulary
-from ..devices import resolve_device
-from ..options import BiLMOptions
+from ..base.atomic import write_json
+from ..base.bounds import check_training_size
+from ..base.devices import resolve_device
+from ..lm.checkpoints import CONFIG_FILE, VOCAB_FILE, latest_checkpoint, read_json, resume_point
+from ..lm.vocabulary import Vocabulary
+from ..model.options import BiLMOptions
 
 __all__ = [
     "DEFAULT_EPOCHS",

@@ -17,8 +17,8 @@ from typing import TextIO
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from .._processes import in_process_group, run_processes
-from ..devices import this_process
+from ..base._processes import in_process_group, run_processes
+from ..base.devices import this_process
 from .config import TrainConfig, TrainingError, prepare_run
 from .loop import Outcome, train
 

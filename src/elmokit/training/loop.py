@@ -35,8 +35,9 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from ..atomic import atomic_path, write_text
-from ..checkpoints import (
+from ..base.atomic import atomic_path, write_text
+from ..base.devices import Process, process_device, this_process
+from ..lm.checkpoints import (
     CHECKPOINT_POINTER,
     METRICS_FILES,
     VOCAB_FILE,
@@ -52,20 +53,19 @@ from ..checkpoints import (
     save_checkpoint_file,
     set_rng_state,
 )
-from ..data import (
+from ..lm.language_model import LanguageModel, batch_tensors
+from ..lm.vocabulary import Vocabulary
+from ..model.lstm import LstmState
+from ..model.options import BiLMOptions
+from .config import TrainConfig, TrainingError, save_config
+from .data import (
     HELDOUT_BATCH_SIZE,
     BidirectionalLMBatches,
-    Vocabulary,
     corpus_files,
     count_tokens,
     heldout_batches,
 )
-from ..devices import Process, process_device, this_process
-from ..evaluate import Perplexity, evaluate_perplexity
-from ..language_model import LanguageModel, batch_tensors
-from ..lstm import LstmState
-from ..options import BiLMOptions
-from .config import TrainConfig, TrainingError, save_config
+from .evaluate import Perplexity, evaluate_perplexity
 
 __all__ = [
     "Distributed",

@@ -1,0 +1,9 @@
+"""The ``elmokit`` command line (front end): the parser and every command's handler
+(``commands``), the data sets' command (``data``) and the app factory of each process of
+``elmokit serve --workers N`` (``_serve_worker``). The library never imports this package."""
+
+from __future__ import annotations
+
+from .commands import build_parser, main, run
+
+__all__ = ["build_parser", "main", "run"]

@@ -1,0 +1,503 @@
+"""Turn sentences and files into ELMo vectors: deterministic by default, streaming, bounded memory.
+
+Modes: "warm" (default) starts every sentence from the model's canonical start state (zeros when
+the model has none), "zero" from zero states, "stateful" carries each batch row's states into the
+next batch as bilm-tf and AllenNLP do (file order is kept, since order defines the states).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..base import kernels
+from ..base.atomic import check_output
+from ..base.devices import resolve_device, this_process
+from ..base.textfiles import count_lines, line_splitter, read_lines
+from ..model.bilm import BiLM, CarriedState
+from ..model.characters import check_token_lists
+from ..model.int8 import check_int8, quantize_bilm
+from ..model.lstm import LstmState
+from . import _multiprocess_embed as engine
+from .vectors_file import (
+    TOKEN_BLOCK,
+    check_layers,
+    check_pooling,
+    output_array,
+    pool,
+    read_vocabulary,
+    row_shape,
+    write_token_vectors,
+    write_vectors,
+)
+
+__all__ = ["DTYPES", "MODES", "EmbedSummary", "Embedder", "evaluating"]
+
+MODES = ("warm", "zero", "stateful")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+@contextmanager
+def evaluating(module: torch.nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode (no dropout) and give it back in the mode it had. A module
+    already in eval mode throughout is left alone: setting the mode and back walks every
+    submodule twice, which one sentence per call pays at every call."""
+    if not any(m.training for m in module.modules()):
+        yield
+        return
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+@dataclass
+class EmbedSummary:
+    """What an embed_file run did."""
+
+    sentences: int
+    tokens: int
+    empty: int
+    seconds: float
+    output: str
+    processes: int = 1  # the processes that shared the work (``processes=N`` or torchrun)
+    merge_seconds: float = 0.0  # of them, the seconds process 0 took to merge their parts
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+
+class Embedder:
+    """ELMo vectors for tokenized sentences: arrays (3, n_tokens, 2 * projection_dim).
+
+    model: a BiLM, or a model in any form ``elmokit.resolve_model`` takes (a shipped or known
+    model's name, a model folder, a .zip archive, a URL), or None for the default shipped model.
+    ``batch_size`` sentences per batch, optionally also capped at
+    ``max_tokens_per_batch`` tokens (padding included). ``dtype`` "bfloat16" (or "bf16", or
+    ``torch.bfloat16``) runs the model in bfloat16: 1.8-2.1x as fast at batch 64 on CPUs with
+    AVX-512 bf16 (slower at batch 1), vectors at a cosine of 0.9999 to float32 (docs/benchmarks/inference.md);
+    float32 is the default; "int8" (opt-in, approximate, CPU only: docs/export.md) runs the
+    model's big matmuls with int8 weights (``elmokit.model.int8``), or with ``backend`` "onnxruntime"
+    the exported graph with int8 matmuls. A BiLM passed in is never changed:
+    when it is on another device or dtype the Embedder runs a copy, and it runs in eval mode only
+    for the duration of a batch. Each batch runs the model's own forward, so its token encodings
+    come through the model's one token cache (``bilm.token_encoder.cache_size``, the kernel
+    ``token_cache``) and its vectors equal ``bilm(bilm.batch_to_ids(batch))``'s bit for bit.
+    ``mode`` None (default) is "warm", which starts from zeros for a model without a start state;
+    asking for "warm" explicitly of such a model gives a UserWarning. ``device`` None is cuda
+    when there is a GPU, else the model's device; a device this machine lacks is a ValueError.
+    ``backend`` "onnxruntime" (the ``onnx`` extra) runs each batch through an ONNX export of the
+    model (``onnx_file``, made by ``elmokit export-onnx`` from the same weights, or the model
+    exported in memory when None) on the CPU in float32, with the same modes, batching and outputs
+    (docs/export.md: within 1e-5 of the torch backend).
+
+    ``embed_file`` and ``embed_tokens_file`` also run in several processes: ``processes=N``
+    starts N workers on this machine (each on its own GPU, cuda:0 to cuda:N-1, when the Embedder
+    runs on CUDA), and under torchrun each of torchrun's processes embeds its share.
+    """
+
+    def __init__(
+        self,
+        model: BiLM | str | os.PathLike | None = None,
+        batch_size: int = 64,
+        device: str | torch.device | None = None,
+        mode: str | None = None,
+        max_tokens_per_batch: int | None = None,
+        dtype: str | torch.dtype = torch.float32,
+        backend: str = "torch",
+        onnx_file: str | os.PathLike | None = None,
+    ) -> None:
+        # what a worker process needs to build the same Embedder (embed_file with processes=N)
+        self._settings: dict[str, Any] = {
+            "batch_size": batch_size,
+            "mode": mode,
+            "max_tokens_per_batch": max_tokens_per_batch,
+            "dtype": dtype,
+            "backend": backend,
+            "onnx_file": onnx_file,
+        }
+        asked_warm = mode == "warm"
+        int8 = dtype == "int8"  # the int8 form (backend torch) or onnxruntime's int8 graph
+        dtype = torch.float32 if int8 else dtype
+        mode = "warm" if mode is None else mode
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+            dtype = DTYPES[dtype]
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        torch_int8 = int8 and backend == "torch"  # elmokit.model.int8: the model's matmuls in int8
+        if torch_int8:
+            check_int8("cpu" if device is None else device)  # before any device is looked for
+        if isinstance(model, BiLM):
+            bilm = model
+        else:
+            bilm = BiLM.from_pretrained(model)  # any form: name, folder, .zip, URL, hf://; None: the default
+        if device is None:
+            gpu = torch.cuda.is_available() and backend == "torch" and not int8
+            device = "cuda" if gpu else _device(bilm)
+        device = resolve_device(device)
+        weight = next(bilm.parameters())
+        if torch_int8:
+            bilm = quantize_bilm(bilm)  # a copy on the CPU (the model handed in is not changed)
+        elif weight.device != device or weight.dtype != dtype:
+            # a model handed in is never changed: run a copy on the requested device and dtype
+            bilm = (copy.deepcopy(bilm) if bilm is model else bilm).to(device=device, dtype=dtype)
+        if bilm is not model:
+            bilm.eval()
+        self.bilm = bilm
+        self.mode, self.batch_size = mode, batch_size
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.carried = CarriedState() if mode == "stateful" else None
+        self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
+        # backend "onnxruntime": batches run through an exported file (elmokit.embed.onnx_export)
+        self.onnx = None
+        if backend != "torch" or onnx_file is not None:
+            self.onnx = _onnx_backend(backend, bilm, onnx_file, dtype, int8)
+        if asked_warm and bilm.start_state is None:
+            warnings.warn(
+                "the model has no start state, so warm mode starts every sentence from zero states "
+                "(the same as mode 'zero'); estimate one with: elmokit start-state MODEL --text "
+                "FILES --out DIR",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def dim(self) -> int:
+        return self.bilm.output_dim
+
+    # -- batches -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One float32 array (num_layers, n_tokens, dim) per sentence, in the given order; an empty
+        sentence gives an empty (num_layers, 0, dim) array, as AllenNLP's ``embed_batch`` does (it
+        takes no batch row: in stateful mode the carried states belong to the other sentences)."""
+        _check_sentences(sentences)
+        full = [i for i, sentence in enumerate(sentences) if len(sentence) > 0]
+        if len(full) == len(sentences):
+            return self._embed_full(sentences)
+        arrays = [self._empty() for _ in sentences]
+        if full:
+            for i, array in zip(full, self._embed_full([sentences[i] for i in full])):
+                arrays[i] = array
+        return arrays
+
+    def _empty(self) -> np.ndarray:
+        """The array of a sentence without tokens: float32 (num_layers, 0, dim)."""
+        return np.zeros((self.bilm.num_layers, 0, self.dim), dtype=np.float32)
+
+    def _embed_full(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """``embed_batch`` of sentences that all have tokens."""
+        if self.onnx is not None:  # the start state (warm) is the one held in the file
+            ids = self.bilm.batch_to_ids(sentences)
+            zeros = torch.zeros(0)
+            out = self.onnx(ids, None if self.mode == "warm" else self._initial_state(len(sentences), zeros))
+            if self.carried is not None:
+                self.carried.update(out.state)
+            return self._to_host(out.layers, [len(s) for s in sentences])
+        ids = self.bilm.batch_to_ids(sentences).to(_device(self.bilm))
+        like = next(self.bilm.parameters())  # the device and dtype of the states
+        with evaluating(self.bilm):  # the token encodings come through the model's token cache
+            out = self.bilm(ids, self._initial_state(len(sentences), like))
+        if self.carried is not None:
+            self.carried.update(out.state)
+        return self._to_host(out.layers, [len(s) for s in sentences])
+
+    def _to_host(self, layers: torch.Tensor, lengths: list[int]) -> list[np.ndarray]:
+        """(num_layers, batch, steps, dim) -> per sentence a float32 array (num_layers, length, dim).
+
+        Plain form: ``.cpu().numpy()`` and a view per sentence. Kernel ``pinned_copy``, from a
+        GPU: through a page-locked buffer kept for the next batch (it grows to the largest batch),
+        then each sentence copied out of it: on an H100 the copy to pageable memory took half
+        of a batch's device time (docs/benchmarks/gpu.md)."""
+        layers = layers.float()
+        if layers.device.type != "cuda" or not kernels.enabled("pinned_copy"):
+            host = layers.cpu().numpy()
+            return [host[:, row, :n] for row, n in enumerate(lengths)]
+        size = layers.numel()
+        if self._pinned is None or self._pinned.numel() < size:
+            self._pinned = torch.empty(size, dtype=torch.float32, pin_memory=True)
+        staged = self._pinned[:size].view(layers.shape)
+        staged.copy_(layers, non_blocking=True)
+        torch.cuda.current_stream(layers.device).synchronize()
+        host = staged.numpy()
+        return [host[:, row, :n].copy() for row, n in enumerate(lengths)]
+
+    def _initial_state(self, batch: int, like: torch.Tensor) -> LstmState:
+        """Where each sentence of a batch starts: the start state (warm), zeros, or the states
+        carried from the previous batch (stateful)."""
+        if self.carried is not None:
+            return self.carried.initial(self.bilm, batch, like)
+        if self.mode == "zero":
+            return self.bilm.zero_state(batch, like)
+        return self.bilm.initial_state(batch, like)
+
+    def reset_states(self) -> None:
+        """Stateful mode: forget the carried states (the next batch starts from zeros)."""
+        if self.carried is not None:
+            self.carried.reset()
+
+    def embed_sentence(self, tokens: Sequence[str], pooling: str | None = None) -> np.ndarray:
+        """(num_layers, n_tokens, dim) for one tokenized sentence; (num_layers, dim) with
+        ``pooling`` (see ``embed_sentences``)."""
+        return next(self.embed_sentences([tokens], pooling=pooling))
+
+    @property
+    def chunk_size(self) -> int:
+        """The sentences ``embed_sentences`` takes at a time: it batches within such a chunk."""
+        return self.batch_size if self.mode == "stateful" else 8 * self.batch_size
+
+    def embed_sentences(
+        self, sentences: Iterable[Sequence[str]], pooling: str | None = None
+    ) -> Iterator[np.ndarray]:
+        """Stream arrays (num_layers, n_tokens, dim) in input order, any number of sentences.
+
+        Warm and zero mode batch sentences of similar length together (within chunks of
+        ``chunk_size`` = ``8 * batch_size`` sentences, so memory stays bounded); stateful mode
+        keeps the order. ``pooling`` "mean" or "max": one vector per layer and sentence instead,
+        (num_layers, dim), the mean or the elementwise max over the sentence's own tokens (padding
+        never counts); a sentence without tokens gives NaN (there is nothing to pool).
+        """
+        if pooling is not None:
+            check_pooling(pooling)
+        chunk_size = self.chunk_size
+        chunk: list[Sequence[str]] = []
+        for sentence in sentences:
+            chunk.append(sentence)
+            if len(chunk) == chunk_size:
+                yield from self._pooled(self._embed_chunk(chunk), pooling)
+                chunk = []
+        if chunk:
+            yield from self._pooled(self._embed_chunk(chunk), pooling)
+
+    @staticmethod
+    def _pooled(arrays: Iterator[np.ndarray], pooling: str | None) -> Iterator[np.ndarray]:
+        return arrays if pooling is None else (pool(array, pooling) for array in arrays)
+
+    def _embed_chunk(self, chunk: list[Sequence[str]]) -> Iterator[np.ndarray]:
+        empty = self._empty()
+        order = [i for i, s in enumerate(chunk) if len(s) > 0]
+        if self.mode != "stateful":
+            order.sort(key=lambda i: len(chunk[i]))
+        results: dict[int, np.ndarray] = {}
+        for batch in self._batches(order, chunk):
+            for i, array in zip(batch, self.embed_batch([chunk[i] for i in batch])):
+                results[i] = array
+        for i in range(len(chunk)):
+            yield results.pop(i, empty)
+
+    def _batches(self, order: list[int], chunk: list[Sequence[str]]) -> Iterator[list[int]]:
+        batch: list[int] = []
+        longest = 0
+        for i in order:
+            n = len(chunk[i]) + 2
+            too_many = (
+                self.max_tokens_per_batch is not None
+                and batch
+                and (max(longest, n) * (len(batch) + 1) > self.max_tokens_per_batch)
+            )
+            if len(batch) == self.batch_size or too_many:
+                yield batch
+                batch, longest = [], 0
+            batch.append(i)
+            longest = max(longest, n)
+        if batch:
+            yield batch
+
+    # -- files ---------------------------------------------------------------------------------
+    def embed_file(
+        self,
+        input_path: str | os.PathLike,
+        output_path: str | os.PathLike,
+        layers: str = "all",
+        overwrite: bool = False,
+        sentence_index: bool = True,
+        tokenize: bool = False,
+        progress: bool = True,
+        pooling: str | None = None,
+        processes: int = 1,
+    ) -> EmbedSummary:
+        """Embed a file of sentences (one per line, ``-`` = stdin) into HDF5 laid out like
+        ``allennlp elmo`` (``elmokit.embed.vectors_file``): dataset "i" for line i, (3, n_tokens, dim)
+        for ``all`` or (n_tokens, dim) for ``top``/``average``, and "sentence_to_index" (JSON)
+        unless disabled; an empty line gets an empty dataset.
+
+        ``pooling`` "mean" or "max": one vector per line instead, the mean or elementwise max
+        over its tokens of what ``layers`` gives, stored as row i of one dataset "embedding",
+        (n_lines, 3, dim) for ``all`` or (n_lines, dim) for ``top``/``average`` (an empty line's
+        row is NaN); "sentence_to_index" maps each sentence to its row.
+
+        ``processes`` N > 1 shares the lines between N new processes on this machine; under
+        torchrun every process calls this with the same arguments and embeds its share (leave
+        ``processes`` at 1 there). Either way the file equals one process's (bit for bit with the
+        kernel ``token_cache`` off; to float rounding with it on, as a token's vector comes from
+        the batch where its process first met it); stateful mode and an input that can be read
+        only once (stdin, a pipe) are refused (ValueError). The summary is the whole run's.
+
+        The output is written to a temporary file beside it and renamed when complete; on an
+        error or an interruption nothing is left. Memory does not grow with the file beyond
+        bounded caches (token encodings, HDF5's metadata) and 8 bytes a line (the sentence
+        index's hashes): the index's JSON is built in a temporary file and copied
+        into the output in blocks, as one fixed-length UTF-8 string (read it with
+        ``json.loads(f["sentence_to_index"][0])``, as allennlp's files).
+        """
+        check_layers(layers, pooling)
+        arguments = {
+            "input_path": input_path,
+            "output_path": output_path,
+            "layers": layers,
+            "overwrite": overwrite,
+            "sentence_index": sentence_index,
+            "tokenize": tokenize,
+            "progress": progress,
+            "pooling": pooling,
+        }
+        if self._shared(processes):
+            if processes > 1:  # what every process would refuse, refused once
+                engine.check_splittable(self.mode, input_path)
+                check_output(output_path, overwrite, [input_path])
+            return EmbedSummary(**self._run_shared("embed", processes, arguments, output_path))
+        output = check_output(output_path, overwrite, [input_path])
+        total = count_lines(input_path)
+        lines = read_lines(input_path)
+        split = line_splitter(tokenize)
+        start = time.perf_counter()
+        stats = {"sentences": 0, "tokens": 0, "empty": 0}
+        texts: deque[str] = deque()  # lines read but not yet written, in order
+
+        def token_lists() -> Iterator[list[str]]:
+            for text in lines:
+                texts.append(text)
+                yield split(text)
+
+        def rows(bar: Any) -> Iterator[tuple[str, np.ndarray]]:
+            for array in self.embed_sentences(token_lists()):
+                yield texts.popleft(), output_array(array, layers, pooling)
+                n = array.shape[1]
+                stats["sentences"] += 1
+                stats["tokens"] += n
+                stats["empty"] += n == 0
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
+
+        with engine.progress_bar(progress, total) as bar:
+            shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
+            write_vectors(output, overwrite, rows(bar), shape, sentence_index)
+        return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
+
+    def embed_tokens_file(
+        self,
+        vocab_path: str | os.PathLike,
+        output_path: str | os.PathLike,
+        overwrite: bool = False,
+        processes: int = 1,
+    ) -> int:
+        """Context-independent vectors of every line of a vocabulary file: HDF5 dataset
+        "embedding" (n_lines, projection_dim), as bilm-tf's dump_token_embeddings. Returns the
+        number of tokens. ``processes``: as ``embed_file``'s (blocks of ``TOKEN_BLOCK`` tokens
+        go to the processes in turn; the file equals one process's bit for bit)."""
+        arguments = {"vocab_path": vocab_path, "output_path": output_path, "overwrite": overwrite}
+        if self._shared(processes):
+            if processes > 1:
+                check_output(output_path, overwrite, [vocab_path])
+                read_vocabulary(vocab_path)
+            return int(self._run_shared("tokens", processes, arguments, output_path)["tokens"])
+        output = check_output(output_path, overwrite, [vocab_path])
+        tokens = read_vocabulary(vocab_path)
+        blocks = (
+            self.encode_token_block(tokens[i : i + TOKEN_BLOCK]) for i in range(0, len(tokens), TOKEN_BLOCK)
+        )
+        write_token_vectors(output, overwrite, blocks, (len(tokens), self.bilm.token_encoder.output_dim))
+        return len(tokens)
+
+    @staticmethod
+    def _shared(processes: int) -> bool:
+        """Whether a file job is shared between processes (``processes`` > 1 or torchrun)."""
+        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+            raise ValueError(f"processes must be a whole number of at least 1, got {processes!r}")
+        if this_process().distributed:
+            if processes > 1:
+                raise ValueError(
+                    "under torchrun, leave out --nproc (processes): torchrun starts the processes"
+                )
+            return True
+        return processes > 1
+
+    def _run_shared(
+        self, kind: str, processes: int, arguments: dict[str, Any], output_path: str | os.PathLike
+    ) -> dict[str, Any]:
+        """A file job shared by ``processes`` new workers, or by torchrun's processes (1)."""
+        if processes == 1:
+            return engine.share(kind, self, arguments)
+        make = functools.partial(_embedder_like, self.bilm, self._settings)
+        what = (kind, os.fspath(output_path))
+        return engine.run(kind, processes, make, _device(self.bilm), arguments, what)
+
+    @torch.inference_mode()
+    def encode_token_block(self, tokens: list[str]) -> np.ndarray:
+        """float32 (n_tokens, projection_dim): one block of ``embed_tokens_file``."""
+        return self.bilm.encode_tokens(tokens).float().cpu().numpy()
+
+
+def _embedder_like(bilm: BiLM, settings: dict[str, Any], device: torch.device) -> Embedder:
+    """An Embedder of ``bilm`` with ``settings`` on ``device``: a worker's (embed_file with
+    processes=N)."""
+    with warnings.catch_warnings():  # said once, by the Embedder that started the workers
+        warnings.simplefilter("ignore", UserWarning)
+        return Embedder(bilm, device=device, **settings)
+
+
+def _onnx_backend(
+    backend: str, bilm: BiLM, onnx_file: str | os.PathLike | None, dtype: torch.dtype, int8: bool
+):
+    """The runner of backend "onnxruntime": ``onnx_file`` (checked against ``bilm``'s weights), or
+    ``bilm`` exported in memory when None; ``int8``: its int8 graph. CPU only."""
+    if backend not in ("torch", "onnxruntime"):
+        raise ValueError(f"backend must be torch or onnxruntime, got {backend!r}")
+    if backend != "onnxruntime":
+        raise ValueError(f"onnx_file {onnx_file} runs on the onnxruntime backend: pass backend='onnxruntime'")
+    if _device(bilm).type != "cpu" or dtype != torch.float32:
+        raise ValueError("backend onnxruntime runs on the CPU in float32 or int8: pass device='cpu'")
+    from .onnx_export import OnnxBiLM, export_onnx, quantize_int8
+
+    data = export_onnx(bilm, int8=int8) if onnx_file is None else onnx_file
+    runner = OnnxBiLM(data, bilm)
+    if runner.dtype != ("int8" if int8 else "float32"):
+        if not int8 or onnx_file is None:
+            raise ValueError(f"{onnx_file} is an {runner.dtype} export: pass dtype='int8' to run it")
+        runner = OnnxBiLM(quantize_int8(Path(onnx_file).read_bytes()), bilm)
+    return runner
+
+
+def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:
+    check_token_lists(sentences)
+    if len(sentences) == 0:
+        raise ValueError("empty sentence list: give at least one sentence")
+    for i, sentence in enumerate(sentences):
+        for token in sentence:
+            if token == "":
+                raise ValueError(f"sentence {i} has an empty token")

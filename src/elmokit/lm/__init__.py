@@ -1,0 +1,2 @@
+"""The language model: the vocabulary, the softmax, ``LanguageModel``, sentence scores and
+substitutes, the start state, and checkpoint folders."""

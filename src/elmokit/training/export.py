@@ -1,0 +1,125 @@
+"""Model folders of a trained language model: a training save dir (its checkpoints) or an exported
+folder in the original layout (options.json, weights.hdf5, vocab.txt, softmax.hdf5)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..base.atomic import raise_if_signalled, terminate_raises, write_json
+from ..hub import refuse_package_path
+from ..lm.checkpoints import (
+    checkpoint_step,
+    newest_checkpoints,
+    training_summary,
+)
+from ..lm.language_model import LanguageModel
+from ..model.lstm import LstmState
+from ..model.weights import (
+    SOFTMAX_FILE,
+    save_options,
+    save_softmax,
+    save_weights,
+    write_start_state,
+)
+
+__all__ = [
+    "TRAINING_FILE",
+    "check_new_folder",
+    "copy_with_start_state",
+    "export_model",
+]
+
+TRAINING_FILE = "training.json"
+
+
+def export_model(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    extra_options: dict[str, Any] | None = None,
+    checkpoint: str = "latest",
+    average: int | None = None,
+) -> Path:
+    """Write options.json + weights.hdf5 (original layout), vocab.txt, softmax.hdf5 and
+    training.json of a save dir's "latest" or "best" (lowest held-out perplexity) checkpoint, or
+    of the mean of its newest ``average`` checkpoints."""
+    out = _output_folder(out_dir)
+    model = LanguageModel.from_pretrained(model_dir, device="cpu", checkpoint=checkpoint, average=average)
+    vocab = model.vocab
+    extra = {"bidirectional": True, "n_tokens_vocab": len(vocab), **(extra_options or {})}
+    save_options(model.bilm.options, out / "options.json", extra)
+    save_weights(model.bilm, out / "weights.hdf5")
+    vocab.save(out / "vocab.txt")
+    assert model.softmax is not None  # from_pretrained makes it with the vocabulary
+    save_softmax(model.softmax, out / SOFTMAX_FILE)
+    steps = None
+    if average is not None:
+        steps = [checkpoint_step(p) for p in newest_checkpoints(Path(model_dir), average)]
+    history = training_summary(Path(model_dir), checkpoint, steps)
+    if history is not None:
+        write_json(out / TRAINING_FILE, history)
+    return out
+
+
+def _output_folder(path: str | Path) -> Path:
+    """The folder ``path``, made if missing, checked writable and outside the installed package
+    before any work; errors name the problem."""
+    out = Path(path)
+    refuse_package_path(out, "output folder")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output {out} is a file; give a folder to write the model into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write into {out}: the folder is not writable")
+    return out
+
+
+def check_new_folder(path: str | Path) -> Path:
+    """Check, before any work, that a new model folder can be written at ``path``: outside the
+    installed package, not an existing file or non-empty folder (nothing is replaced), in a
+    writable folder."""
+    out = Path(path)
+    refuse_package_path(out, "output folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; give a new folder")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"folder does not exist: {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot make {out}: the folder {parent} is not writable")
+    return out
+
+
+def copy_with_start_state(
+    options_file: str | Path, weight_file: str | Path, out_dir: str | Path, state: LstmState
+) -> Path:
+    """Write a copy of a model to the new folder ``out_dir``: every file of the weight file's
+    folder (and the options file as options.json when it lies elsewhere), the weight file
+    holding ``state`` as the start state. The copy is made in a hidden folder beside ``out_dir``
+    and renamed when complete: ``out_dir`` appears whole or not at all."""
+    options, weights, out = Path(options_file), Path(weight_file), check_new_folder(out_dir)
+    with terminate_raises():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.absolute().parent))
+        try:
+            for item in sorted(weights.parent.iterdir()):
+                if item.name == weights.name:
+                    write_start_state(item, tmp / item.name, state)
+                elif item.is_file():
+                    shutil.copyfile(item, tmp / item.name)
+            if options.parent != weights.parent:
+                shutil.copyfile(options, tmp / "options.json")
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o777 & ~mask)
+            raise_if_signalled()
+            os.rename(tmp, out)  # replaces an empty folder
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out

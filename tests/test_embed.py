@@ -302,7 +302,7 @@ def test_every_text_reader_ends_lines_at_lf_crlf_and_lone_cr(tmp_path, bilm):
     """One rule for every reader (universal newlines, as allennlp's elmo command reads): the
     embed line numbers, the training data, the vocabulary and start-state's text agree."""
     from elmokit.base.textfiles import count_lines, read_lines
-    from elmokit.cli import _read_sentences
+    from elmokit.cli.commands import _read_sentences
     from elmokit.lm.vocabulary import Vocabulary
     from elmokit.training.data import count_tokens
 

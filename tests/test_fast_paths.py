@@ -184,7 +184,7 @@ def test_switch():
     ],
 )
 def test_switch_from_the_environment(value, on):
-    code = "from elmokit import kernels; print(','.join(n for n in kernels.NAMES if kernels.enabled(n)))"
+    code = "from elmokit.base import kernels; print(','.join(n for n in kernels.NAMES if kernels.enabled(n)))"
     env = {**os.environ, "ELMOKIT_KERNELS": value}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ",".join(n for n in kernels.NAMES if n in on)

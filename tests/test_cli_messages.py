@@ -220,3 +220,27 @@ def test_the_bar_shows_no_time_left_from_its_first_sentence(capsys, monkeypatch)
         later = capsys.readouterr().err.split("\r")[-1]
     assert first.startswith("  0%|") and "1/2000 [00:01<?]" in first
     assert "128/2000 [00:02<00:36" in later  # (2000 - 128) / (128 / 2.5 s)
+
+
+@pytest.mark.parametrize(
+    ("line", "warned"),
+    [
+        ("Hello, world .", True),
+        ("She sat on the mat.", True),
+        ('He said "Hello .', True),
+        ("Ms. Smith met Dr. Jones of the U.S. Army", False),  # tokenized text keeps abbreviations
+        ("Hello , world .", False),
+    ],
+)
+def test_the_raw_text_check_knows_abbreviations(line, warned, caplog):
+    from elmokit.textfiles import line_splitter
+
+    split = line_splitter(False)
+    with caplog.at_level("WARNING", logger="elmokit"):
+        assert split(line) == line.split()
+    assert any("raw, untokenized" in r.getMessage() for r in caplog.records) == warned
+    quiet = line_splitter(False, warn=False)  # the other processes of a shared job
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="elmokit"):
+        assert quiet(line) == line.split()
+    assert not caplog.records

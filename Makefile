@@ -24,10 +24,13 @@ $(BIN)/python:
 # torch is installed explicitly first so that pip never resolves a multi-GB CUDA build; the
 # project is then installed at the locked versions, with the locked setuptools as its build backend.
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
-	@echo "Setting up $(VENV) (about two minutes): pip, torch $(TORCH_VERSION) (CPU build), then elmokit[$(EXTRAS)] at the versions in $(LOCK)"
-	$(BIN)/pip install --quiet --upgrade pip setuptools --constraint $(LOCK)
-	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
-	$(BIN)/pip install --quiet --no-build-isolation -e ".[$(EXTRAS)]" --constraint $(LOCK)
+	@echo "Setting up $(VENV), about two minutes, at the versions in $(LOCK):"
+	@echo "  1/3 pip and setuptools"
+	@$(BIN)/pip install --quiet --upgrade pip setuptools --constraint $(LOCK)
+	@echo "  2/3 torch $(TORCH_VERSION) (the CPU build)"
+	@$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+	@echo "  3/3 elmokit[$(EXTRAS)] and what it needs (about 140 packages)"
+	@$(BIN)/pip install --quiet --no-build-isolation -e ".[$(EXTRAS)]" --constraint $(LOCK)
 	@touch $@
 	@echo "$(VENV) is ready"
 

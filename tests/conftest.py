@@ -11,6 +11,31 @@ TINY = FIXTURES / "elmo-tiny"
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
+# The quick tier (`make test-fast`, pytest -m "not slow") leaves these modules to the whole suite:
+# they run every page of the docs twice, start several processes or torchrun, export and run ONNX
+# graphs, compile models, or load every published model shape; together about three quarters
+# of the suite's time on two cores. A single slow test elsewhere takes @pytest.mark.slow.
+SLOW_MODULES = frozenset(
+    {
+        "test_docs",
+        "test_embed_distributed",
+        "test_onnx",
+        "test_seqvec",
+        "test_crash",
+        "test_pretrained",
+        "test_compile",
+        "test_script_help",
+        "test_flair",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks the tests of ``SLOW_MODULES`` slow."""
+    for item in items:
+        if item.path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def _no_network_and_a_private_cache(monkeypatch, tmp_path_factory):

@@ -181,15 +181,17 @@ def test_embed_says_how_many_lines_repeat_and_what_the_index_keeps(tmp_path, cap
     text.write_text("a b\nc\na b\na b\nc\nd\n")
     out = tmp_path / "out.hdf5"
     assert main(["embed", str(text), str(out), *TINY, "--quiet"]) == 0
-    assert _warnings(capsys.readouterr().err) == [
-        "elmokit: warning: 3 lines repeat an earlier line; sentence_to_index maps each to its last line "
+    assert _warnings(capsys.readouterr().err) == []  # the layout's rule, not a problem of the input
+    assert main(["-v", "embed", str(text), str(out), *TINY, "--quiet", "--overwrite"]) == 0
+    assert (
+        "3 lines repeat an earlier line; sentence_to_index maps each to its last line "
         "number (as allennlp elmo's files do); the vectors of every line are written"
-    ]
+    ) in capsys.readouterr().err.splitlines()
     with h5py.File(out) as f:
         assert json.loads(f["sentence_to_index"][0]) == {"a b": "3", "c": "4", "d": "5"}
         assert sorted(f) == ["0", "1", "2", "3", "4", "5", "sentence_to_index"]
-    assert main(["embed", str(text), str(tmp_path / "no.hdf5"), *TINY, "--quiet", "--no-sentence-index"]) == 0
-    assert _warnings(capsys.readouterr().err) == []
+    assert main(["-v", "embed", str(text), str(tmp_path / "no.hdf5"), *TINY, "--quiet", "--no-sentence-index"]) == 0
+    assert "repeat an earlier line" not in capsys.readouterr().err
 
 
 def test_an_error_during_embed_clears_the_bar_before_its_line(tmp_path, capsys):
@@ -220,3 +222,27 @@ def test_the_bar_shows_no_time_left_from_its_first_sentence(capsys, monkeypatch)
         later = capsys.readouterr().err.split("\r")[-1]
     assert first.startswith("  0%|") and "1/2000 [00:01<?]" in first
     assert "128/2000 [00:02<00:36" in later  # (2000 - 128) / (128 / 2.5 s)
+
+
+@pytest.mark.parametrize(
+    ("line", "warned"),
+    [
+        ("Hello, world .", True),
+        ("She sat on the mat.", True),
+        ('He said "Hello .', True),
+        ("Ms. Smith met Dr. Jones of the U.S. Army", False),  # tokenized text keeps abbreviations
+        ("Hello , world .", False),
+    ],
+)
+def test_the_raw_text_check_knows_abbreviations(line, warned, caplog):
+    from elmokit.base.textfiles import line_splitter
+
+    split = line_splitter(False)
+    with caplog.at_level("WARNING", logger="elmokit"):
+        assert split(line) == line.split()
+    assert any("raw, untokenized" in r.getMessage() for r in caplog.records) == warned
+    quiet = line_splitter(False, warn=False)  # the other processes of a shared job
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="elmokit"):
+        assert quiet(line) == line.split()
+    assert not caplog.records

@@ -121,3 +121,10 @@ def test_ci_runs_the_readme_test_command_first_and_alone():
     ]
     first_make = next(i for i, line in enumerate(steps) if "make " in line or "pip " in line)
     assert steps[first_make].startswith("make test 2>&1") and "pip " not in "\n".join(steps[:first_make])
+
+
+def test_the_slow_modules_exist_and_the_quick_tier_leaves_them_out():
+    from tests.conftest import SLOW_MODULES
+
+    assert all((ROOT / "tests" / f"{name}.py").is_file() for name in SLOW_MODULES)
+    assert '-m "not slow"' in (ROOT / "Makefile").read_text(encoding="utf-8")

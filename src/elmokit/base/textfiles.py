@@ -77,7 +77,9 @@ def count_lines(path: str | os.PathLike) -> int | None:
 # a word with punctuation glued after it ("world,") or an opening bracket or quote before it
 # ('"Hello'): what whitespace-tokenized text does not hold, and raw text does
 _GLUED = re.compile(r"^\w+[,;:!?)\"]+$|^[(\"]\w")
-_FINAL_GLUED = re.compile(r"^\w{2,}[.!?]+[\")]*$")  # a sentence's last word with its period
+# a sentence's last word with its period ("mat."); not an abbreviation such as "Dr." or "U.S.",
+# which tokenized text keeps whole
+_FINAL_GLUED = re.compile(r"^[^\W\d_A-Z][^\W\d_]+[.!?]+[\")]*$")
 CHECKED_LINES = 1000  # the lines (or requests' texts) a splitter looks at for raw text
 
 
@@ -107,13 +109,14 @@ class _WhitespaceSplitter:
         return tokens
 
 
-def line_splitter(tokenize: bool) -> Callable[[str], list[str]]:
+def line_splitter(tokenize: bool, warn: bool = True) -> Callable[[str], list[str]]:
     """How a line of input becomes tokens: a split on whitespace, or with ``tokenize`` the
     tokenizer of the training corpus (``elmokit.base.tokenize``, the ``corpus`` extra: imported only
-    then, so that whitespace input needs no extra). The whitespace split warns once (logging)
-    when its first texts look untokenized, e.g. "Hello, world."."""
+    then, so that whitespace input needs no extra). With ``warn``, the whitespace split warns
+    once (logging) when its first texts look untokenized, e.g. "Hello, world."; the processes
+    of a shared job but the first pass ``warn=False``, so that the warning is given once."""
     if not tokenize:
-        return _WhitespaceSplitter()
+        return _WhitespaceSplitter() if warn else str.split
     from .tokenize import tokenize_line
 
     return tokenize_line

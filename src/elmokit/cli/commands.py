@@ -967,7 +967,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
         "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
         "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
-        "keeps only its last line number there, as in AllenNLP (a warning says how many repeat).",
+        "keeps only its last line number there, as in AllenNLP (-v says how many repeat).",
     )
     p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
     p.add_argument("output", help="HDF5 file to write")

@@ -107,7 +107,7 @@ def progress_bar(enabled: bool, total: int | None, desc: str | None = None) -> I
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
-            if self.first is None and n and not self.disable:
+            if self.first is None and n and hasattr(self, "start_t"):  # a disabled bar has none
                 self.first = self._time() - self.start_t
             return super().update(n)
 
@@ -247,7 +247,7 @@ def _embed_share(
         job = _Job.under_torchrun("embed", this_process())
     start = time.perf_counter()
     chunk, size, rank = embedder.chunk_size, job.size, job.rank
-    split = line_splitter(tokenize)
+    split = line_splitter(tokenize, warn=rank == 0)
 
     def token_lists() -> Iterator[list[str]]:
         for i, text in enumerate(read_lines(input_path)):

@@ -262,8 +262,8 @@ def write_vectors(
                 offset = _reserve_string(out, "sentence_to_index", size)
         if sentence_index and flavour == "elmokit":  # the HDF5 file is closed: its layout is final
             _copy_into(tmp_name, offset, json_file)
-        if sentence_index and index.repeated:
-            logging.getLogger(__name__).warning(
+        if sentence_index and index.repeated:  # what a reader of sentence_to_index needs (-v)
+            logging.getLogger(__name__).info(
                 "%s; sentence_to_index maps each to its last line number (as allennlp elmo's "
                 "files do); the vectors of every line are written",
                 "1 line repeats an earlier line"

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+pytest.importorskip("safetensors", reason="the tasks extra")
 from safetensors.torch import save_file
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"

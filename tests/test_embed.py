@@ -190,6 +190,7 @@ def test_model_folder_errors(tmp_path, tiny_files):
 
 
 def test_cli_embed_tokenize_and_tokens(tmp_path, capsys):
+    pytest.importorskip("sacremoses", reason="the corpus extra")
     source = write_lines(tmp_path / "raw.txt", ["He said, “it won’t rain.”"])
     assert main(["embed", source, str(tmp_path / "o.hdf5"), "--tokenize", "--quiet"]) == 0
     with h5py.File(tmp_path / "o.hdf5") as f:

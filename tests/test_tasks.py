@@ -13,6 +13,9 @@ import h5py
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("safetensors", reason="the tasks extra")  # and so test_task_elmo_sites.py
+pytest.importorskip("seqeval", reason="the tasks extra")
 from safetensors.torch import load_file
 
 from elmokit import BiLM, Embedder

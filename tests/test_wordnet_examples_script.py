@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("sacremoses", reason="the corpus extra: the script tokenizes WordNet's examples")
 from elmokit.probe.wsd import first_senses, read_gold_keys, read_wsd_xml, run_wsd
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "wordnet_examples_wsd.py"

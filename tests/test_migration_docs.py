@@ -31,8 +31,11 @@ def _compat_section() -> str:
 def _optional_missing(error: ImportError) -> bool:
     """True when ``error`` is an optional package's absence (flair without the flair extra), not
     a stale elmokit name."""
-    name = getattr(error, "name", None) or ""
-    return isinstance(error, ModuleNotFoundError) and bool(name) and name.split(".")[0] != "elmokit"
+    cause: BaseException | None = error  # elmokit's own message is raised over the original
+    while cause is not None and not isinstance(cause, ModuleNotFoundError):
+        cause = cause.__cause__ or cause.__context__
+    name = getattr(cause, "name", None) or ""
+    return bool(name) and name.split(".")[0] != "elmokit"
 
 
 def _resolve(dotted: str) -> object:

@@ -142,6 +142,170 @@ def test_elmo_keeps_allennlps_overwrite_but_never_of_its_input_a_pipe_or_a_link(
     assert existing.read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"
 
 
+# -- a command never writes over the model it has just read ------------------------------------
+@pytest.fixture
+def model_copy(tmp_path, model_dir) -> Path:
+    """A copy of the model with a softmax, in a folder of the test's own: m/ (and m.zip)."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name in ("options.json", "weights.hdf5", "vocab.txt", "softmax.hdf5"):
+        (folder / name).write_bytes((model_dir / name).read_bytes())
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "m.zip", "w") as archive:
+        for name in ("options.json", "weights.hdf5"):
+            archive.write(folder / name, name)
+    return folder
+
+
+def _digests(*paths: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in paths}
+
+
+def _refused_as_input(argv: list[str], output: Path, capsys) -> None:
+    assert main(argv) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert line.startswith("elmokit: error: ") and f"output {output} is the input file" in line, line
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "elmo weights (no flag needed)",
+        "embed weights",
+        "embed options",
+        "embed hard link of the weights",
+        "tokens weights",
+        "score -o softmax",
+        "score -o vocab",
+        "probe --json options",
+    ],
+)
+def test_a_command_never_writes_over_the_model_it_read(tmp_path, text, model_copy, capsys, case):
+    m = model_copy
+    before = _digests(*sorted(m.iterdir()))
+    os.link(m / "weights.hdf5", tmp_path / "other-name.hdf5")
+    conll = str(Path(__file__).parent / "fixtures" / "conll2003-tiny" / "train.txt")
+    s = str(text)
+    argv, output = {
+        "elmo weights (no flag needed)": (
+            ["elmo", s, f"{m}/weights.hdf5", "--all", "--options-file", f"{m}/options.json"]
+            + ["--weight-file", f"{m}/weights.hdf5"],
+            m / "weights.hdf5",
+        ),
+        "embed weights": (
+            ["embed", s, f"{m}/weights.hdf5", "--model", str(m), "--overwrite"],
+            m / "weights.hdf5",
+        ),
+        "embed options": (
+            ["embed", s, f"{m}/options.json", "--model", str(m), "--overwrite"],
+            m / "options.json",
+        ),
+        "embed hard link of the weights": (
+            ["embed", s, str(tmp_path / "other-name.hdf5"), "--model", str(m), "--overwrite"],
+            tmp_path / "other-name.hdf5",
+        ),
+        "tokens weights": (
+            ["tokens", s, f"{m}/weights.hdf5", "--model", str(m), "--overwrite"],
+            m / "weights.hdf5",
+        ),
+        "score -o softmax": (
+            ["score", s, "-o", f"{m}/softmax.hdf5", "--model", str(m), "--overwrite", "--device", "cpu"],
+            m / "softmax.hdf5",
+        ),
+        "score -o vocab": (
+            ["score", s, "-o", f"{m}/vocab.txt", "--model", str(m), "--overwrite", "--device", "cpu"],
+            m / "vocab.txt",
+        ),
+        "probe --json options": (
+            ["probe", "--model", str(m), "--train", conll, "--test", conll, "--column", "3"]
+            + ["--json", f"{m}/options.json", "--overwrite"],
+            m / "options.json",
+        ),
+    }[case]
+    _refused_as_input(argv, output, capsys)
+    assert _digests(*sorted(m.iterdir())) == before
+    assert sorted(p.name for p in m.iterdir()) == [
+        "options.json",
+        "softmax.hdf5",
+        "vocab.txt",
+        "weights.hdf5",
+    ]
+
+
+def test_embed_never_writes_over_the_shipped_model_it_read(tmp_path, text, monkeypatch, capsys):
+    """``embed s.txt <the package>/models/elmo-tiny-reference/weights.hdf5 --model
+    elmo-tiny-reference --overwrite``, on a copy of the package's models folder (so that a
+    failure cannot break the package under test)."""
+    import elmokit.hub.resolve
+    import elmokit.hub.shipped
+
+    shipped = Path(elmokit.hub.shipped.MODELS_DIR) / "elmo-tiny-reference"
+    models = tmp_path / "models"
+    (models / "elmo-tiny-reference").mkdir(parents=True)
+    for name in ("options.json", "weights.hdf5"):
+        (models / "elmo-tiny-reference" / name).write_bytes((shipped / name).read_bytes())
+    monkeypatch.setattr(elmokit.hub.shipped, "MODELS_DIR", models)
+    monkeypatch.setattr(elmokit.hub.resolve, "MODELS_DIR", models)
+    weights = models / "elmo-tiny-reference" / "weights.hdf5"
+    before = weights.read_bytes()
+    _refused_as_input(["embed", str(text), str(weights), *TINY_MODEL, "--overwrite"], weights, capsys)
+    assert weights.read_bytes() == before
+
+
+def test_embed_says_the_output_exists_before_it_reads_the_model(tmp_path, text, capsys, monkeypatch):
+    import elmokit.embed
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was read before the output was checked")
+
+    monkeypatch.setattr(elmokit.embed.BiLM, "from_pretrained", no_model)
+    out = tmp_path / "out.hdf5"
+    out.write_bytes(b"mine")
+    for command in ("embed", "tokens"):
+        assert main([command, str(text), str(out), *TINY_MODEL]) == 2
+        assert f"{out} exists" in _error_line(capsys.readouterr().err)
+    assert out.read_bytes() == b"mine"
+
+
+def test_export_onnx_never_writes_over_its_model_nor_its_archive(tmp_path, model_copy, capsys):
+    pytest.importorskip("onnx")
+    m, archive = model_copy, tmp_path / "m.zip"
+    os.link(archive, tmp_path / "same.zip")
+    before = _digests(m / "weights.hdf5", archive)
+    _refused_as_input(["export-onnx", str(m), f"{m}/weights.hdf5", "--overwrite"], m / "weights.hdf5", capsys)
+    for argv in (
+        ["export-onnx", str(archive), str(archive)],
+        ["export-onnx", str(archive), str(archive), "--overwrite"],
+    ):
+        assert main(argv) == 2
+        assert f"output {archive} is the input file" in _error_line(capsys.readouterr().err)
+    # the archive under another name: known from the model's own files (its archive)
+    same = tmp_path / "same.zip"
+    _refused_as_input(["export-onnx", str(archive), str(same), "--overwrite"], same, capsys)
+    assert _digests(m / "weights.hdf5", archive) == before
+
+
+def test_the_files_a_model_was_read_from_are_its_inputs(tmp_path, text, model_copy):
+    from elmokit.embed import Embedder
+    from elmokit.hub import resolve_model
+    from elmokit.language_model import LanguageModel
+
+    m, archive = model_copy, tmp_path / "m.zip"
+    files = {p.name for p in resolve_model(str(m)).input_files()}
+    assert files == {"options.json", "weights.hdf5", "vocab.txt", "softmax.hdf5"}
+    assert archive in resolve_model(str(archive)).input_files()
+    assert archive in BiLM.from_pretrained(str(archive)).source_files
+    assert set(LanguageModel.from_pretrained(str(m), device="cpu").source_files) == {m / n for n in files}
+    embedder = Embedder(str(m), device="cpu", mode="zero")
+    before = (m / "weights.hdf5").read_bytes()
+    with pytest.raises(ValueError, match="is the input file"):
+        embedder.embed_file(text, m / "weights.hdf5", overwrite=True, progress=False)
+    with pytest.raises(ValueError, match="is the input file"):
+        embedder.embed_tokens_file(text, m / "options.json", overwrite=True)
+    assert (m / "weights.hdf5").read_bytes() == before
+
+
 # -- score: a streaming output ------------------------------------------------------------------
 def test_score_writes_into_a_fifo_without_replacing_it(tmp_path, text, model_dir, capsys):
     fifo = _fifo(tmp_path / "scores.fifo")

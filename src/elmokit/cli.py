@@ -315,7 +315,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     if args.json:  # before the work, not after it; the model's files and the held-out text are inputs
-        check_output(args.json, args.overwrite, [*_model_files(args.model_dir), *corpus_files(args.heldout)])
+        check_output(args.json, args.overwrite, [*_model_inputs(args.model_dir), *corpus_files(args.heldout)])
     model = LanguageModel.from_pretrained(
         args.model_dir, device=device, checkpoint=args.checkpoint, average=args.average
     )
@@ -358,6 +358,20 @@ def _model_files(model_dir: str) -> list[Path]:
     ]
 
 
+def _model_inputs(spec: str) -> list[Path]:
+    """Every file of the model ``spec`` names, as the command will read it: a folder's model
+    files (a training save dir's checkpoints too) and what the resolver finds (a name's, an
+    archive's and the archive itself, an ELMoForManyLangs folder's): inputs that no output may
+    replace, checked before the work."""
+    files = _model_files(spec)
+    try:
+        files += resolve_model(spec).input_files()
+    except (OSError, ValueError):
+        if not files:  # not a model: loading it says why
+            raise
+    return files
+
+
 def export_command(args: argparse.Namespace) -> int:
     from .atomic import check_outputs_in
     from .export import TRAINING_FILE, export_model
@@ -387,7 +401,8 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     from .onnx_export import export_onnx, require_onnx
 
     require_onnx("export-onnx")
-    check_output(args.output, args.overwrite)  # before the model is read
+    check_output(args.output, args.overwrite, [args.model])  # before the model is read
+    # export_onnx refuses an output that is one of the model's files (its weights, its archive)
     data = export_onnx(BiLM.from_pretrained(args.model), args.output, args.overwrite, int8=args.int8)
     print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
     return 0
@@ -414,8 +429,10 @@ def _embedder(args: argparse.Namespace):
 def embed_command(args: argparse.Namespace) -> int:
     """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`); with --nproc N or
     under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
+    from .atomic import check_output
     from .devices import this_process
 
+    check_output(args.output, args.overwrite, [args.input])  # before the model is read
     summary = _embedder(args).embed_file(
         args.input,
         args.output,
@@ -443,8 +460,10 @@ def embed_command(args: argparse.Namespace) -> int:
 def tokens_command(args: argparse.Namespace) -> int:
     """Context-independent token vectors for every line of a vocabulary file (shared by the
     processes with --nproc N or under torchrun)."""
+    from .atomic import check_output
     from .devices import this_process
 
+    check_output(args.output, args.overwrite, [args.vocab])  # before the model is read
     embedder = _embedder(args)
     n = embedder.embed_tokens_file(args.vocab, args.output, overwrite=args.overwrite, processes=args.nproc)
     if this_process().is_main:
@@ -783,6 +802,8 @@ def probe_command(args: argparse.Namespace) -> int:
     if args.train is None or args.test is None or args.column is None:
         raise ValueError("probe needs --train, --test and --column (or: elmokit probe wsd ...)")
     inputs = [f for f in (args.train, args.dev, args.test) if f is not None]
+    if args.json is not None or args.plot is not None:
+        inputs += _model_inputs(args.model)
     for out in (args.json, args.plot):
         if out is not None:
             check_output(out, args.overwrite, inputs)
@@ -842,7 +863,8 @@ def probe_wsd_command(args: argparse.Namespace) -> int:
 
     files = [args.train, args.train_key, args.test, args.test_key, args.index_sense]
     if args.json is not None:
-        check_output(args.json, args.overwrite, [f for f in files if f is not None])
+        inputs = [*(f for f in files if f is not None), *_model_inputs(args.model)]
+        check_output(args.json, args.overwrite, inputs)
     record = wsd_files(
         args.model, args.train, args.test, args.index_sense, args.train_key, args.test_key, args.layers
     )

@@ -156,6 +156,11 @@ class Embedder:
             bilm = model
         else:
             bilm = BiLM.from_pretrained(model)  # any form: name, folder, .zip, URL, hf://; None: the default
+        # the files of the model (and its ONNX file): inputs that no output of embed_file replaces
+        self.source_files: tuple[Path, ...] = (
+            *bilm.source_files,
+            *(() if onnx_file is None else (Path(onnx_file),)),
+        )
         if device is None:
             gpu = torch.cuda.is_available() and backend == "torch" and not int8
             device = "cuda" if gpu else _device(bilm)
@@ -379,9 +384,9 @@ class Embedder:
         if self._shared(processes):
             if processes > 1:  # what every process would refuse, refused once
                 engine.check_splittable(self.mode, input_path)
-                check_output(output_path, overwrite, [input_path])
+                check_output(output_path, overwrite, [input_path, *self.source_files])
             return EmbedSummary(**self._run_shared("embed", processes, arguments, output_path))
-        output = check_output(output_path, overwrite, [input_path])
+        output = check_output(output_path, overwrite, [input_path, *self.source_files])
         total = count_lines(input_path)
         lines = read_lines(input_path)
         split = line_splitter(tokenize)
@@ -423,10 +428,10 @@ class Embedder:
         arguments = {"vocab_path": vocab_path, "output_path": output_path, "overwrite": overwrite}
         if self._shared(processes):
             if processes > 1:
-                check_output(output_path, overwrite, [vocab_path])
+                check_output(output_path, overwrite, [vocab_path, *self.source_files])
                 read_vocabulary(vocab_path)
             return int(self._run_shared("tokens", processes, arguments, output_path)["tokens"])
-        output = check_output(output_path, overwrite, [vocab_path])
+        output = check_output(output_path, overwrite, [vocab_path, *self.source_files])
         tokens = read_vocabulary(vocab_path)
         blocks = (
             self.encode_token_block(tokens[i : i + TOKEN_BLOCK]) for i in range(0, len(tokens), TOKEN_BLOCK)

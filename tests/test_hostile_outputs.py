@@ -306,6 +306,120 @@ def test_the_files_a_model_was_read_from_are_its_inputs(tmp_path, text, model_co
     assert (m / "weights.hdf5").read_bytes() == before
 
 
+# -- a full disk: one line, nothing left behind -------------------------------------------------
+def _with_file_size_limit(limit: int):
+    """A subprocess's ``preexec_fn``: writes past ``limit`` bytes of a file fail with EFBIG (as
+    on a full disk, ENOSPC), SIGXFSZ ignored so that the writer sees the error."""
+    import resource
+    import signal
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limited
+
+
+def _elmokit_limited(args: list, limit: int, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "ELMOKIT_OFFLINE": "1"}
+    argv = [sys.executable, "-m", "elmokit", *map(str, args)]
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+        preexec_fn=_with_file_size_limit(limit),
+    )
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["embed", "embed --pooling mean", "tokens", "elmo"])
+def test_a_full_disk_while_embedding_is_one_line_and_leaves_nothing(tmp_path, command):
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("".join(f"the cat sat on mat number {i} .\n" for i in range(300)), encoding="utf-8")
+    name, *options = command.split()
+    model = ["--options-file", TINY / "options.json", "--weight-file", TINY / "lm_weights.hdf5", "--all"]
+    model = model if name == "elmo" else TINY_MODEL
+    args = [name, sentences, "out.hdf5", *model, *options]
+    if name == "embed":
+        args += ["--quiet", "--mode", "zero"]
+    before = _listing(tmp_path)
+    done = _elmokit_limited(args, 20_000, tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    line = _error_line(done.stderr)
+    assert line == (
+        "elmokit: error: out.hdf5 was not written: the file is larger than this process may write "
+        "(File too large); no partial file was left"
+    ), done.stderr[-2000:]
+    assert _listing(tmp_path) == before  # no temporary file, no output
+
+
+@pytest.fixture(scope="module")
+def big_softmax_model(tmp_path_factory) -> Path:
+    """An exported model whose softmax (20,003 words) is three times the size of its weights."""
+    from elmokit.language_model import LanguageModel
+    from elmokit.weights import save_options, save_weights
+
+    folder = tmp_path_factory.mktemp("big-softmax")
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", *(f"w{i}" for i in range(20_000))])
+    model = LanguageModel(json.loads((TINY / "options.json").read_text()), len(vocab), dropout=0.0)
+    save_options(model.bilm.options, folder / "options.json")
+    save_weights(model.bilm, folder / "weights.hdf5")
+    assert model.softmax is not None
+    save_softmax(model.softmax, folder / "softmax.hdf5")
+    vocab.save(folder / "vocab.txt")
+    assert (folder / "softmax.hdf5").stat().st_size > 2 * (folder / "weights.hdf5").stat().st_size
+    return folder
+
+
+def test_a_full_disk_during_export_leaves_no_partial_model_folder(tmp_path, big_softmax_model):
+    limit = (big_softmax_model / "weights.hdf5").stat().st_size + 50_000  # the weights fit, not the softmax
+    done = _elmokit_limited(["export", big_softmax_model, "new"], limit, tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert _error_line(done.stderr) == (
+        "elmokit: error: new/softmax.hdf5 was not written: the file is larger than this process may "
+        "write (File too large); no partial file was left"
+    )
+    assert not (tmp_path / "new").exists()  # the folder it made is gone
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "options.json").write_text("mine", encoding="utf-8")
+    (old / "notes.txt").write_text("kept", encoding="utf-8")
+    before = _listing(old)
+    done = _elmokit_limited(["export", big_softmax_model, "old", "--overwrite"], limit, tmp_path)
+    assert done.returncode == 2 and "old/softmax.hdf5 was not written" in _error_line(done.stderr)
+    assert _listing(old) == before and sorted(p.name for p in old.iterdir()) == ["notes.txt", "options.json"]
+
+
+def test_a_failed_export_leaves_no_empty_folder(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    assert "missing" in _error_line(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_during_a_task_leaves_no_prediction_files(tmp_path):
+    data = {s: _ner_file(tmp_path / f"{s}.txt") for s in ("train", "dev", "test")}
+    args = ["task", "ner", "--no-elmo", "--epochs", "1", "--hidden", "4", "--quiet", "--out", "run"]
+    args += [f"--{s}={path}" for s, path in data.items()]
+    done = _elmokit_limited(args, 5_000, tmp_path)  # the predictions fit, the model does not
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert _error_line(done.stderr) == (
+        "elmokit: error: the results in run were not written: the file is larger than this process "
+        "may write (File too large); nothing was left"
+    )
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text("{}", encoding="utf-8")
+    done = _elmokit_limited([*args, "--overwrite"], 5_000, tmp_path)
+    assert done.returncode == 2 and "run is as it was" in _error_line(done.stderr)
+    assert _listing(tmp_path / "run") == {"metrics.json": b"{}"}
+
+
 # -- score: a streaming output ------------------------------------------------------------------
 def test_score_writes_into_a_fifo_without_replacing_it(tmp_path, text, model_dir, capsys):
     fifo = _fifo(tmp_path / "scores.fifo")

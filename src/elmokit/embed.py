@@ -223,6 +223,7 @@ class Embedder:
             out = self.onnx(ids, None if self.mode == "warm" else self._initial_state(len(sentences), zeros))
             if self.carried is not None:
                 self.carried.update(out.state)
+            self._check_finite(out.layers)
             return self._to_host(out.layers, [len(s) for s in sentences])
         ids = self.bilm.batch_to_ids(sentences).to(_device(self.bilm))
         like = next(self.bilm.parameters())  # the device and dtype of the states
@@ -230,7 +231,28 @@ class Embedder:
             out = self.bilm(ids, self._initial_state(len(sentences), like))
         if self.carried is not None:
             self.carried.update(out.state)
+        self._check_finite(out.layers)
         return self._to_host(out.layers, [len(s) for s in sentences])
+
+    def _check_finite(self, layers: torch.Tensor | np.ndarray) -> None:
+        """Refuse a batch whose vectors are not all finite (one cheap check per batch): finite
+        but huge weights (a row near 3e38) overflow float32, and inf or NaN would be written
+        as vectors. The ValueError names the model file and the first layer that is not finite."""
+        values = torch.as_tensor(layers)
+        if bool(torch.isfinite(values).all()):
+            return
+        first = next(i for i in range(values.shape[0]) if not bool(torch.isfinite(values[i]).all()))
+        what = "the token vectors of the character CNN" if first == 0 else f"biLSTM layer {first}"
+        files = self.source_files
+        model = "the model"
+        if len(files) > 1 and files[1].suffix == ".hdf5":
+            model = f"the model {files[1]}"
+        elif files:
+            model = f"the model {files[0].parent}"
+        raise ValueError(
+            f"{model} gives vectors that are not finite (inf or NaN) from layer {first} ({what}) on; "
+            "its weights are finite but too large for float32 arithmetic"
+        )
 
     def _to_host(self, layers: torch.Tensor, lengths: list[int]) -> list[np.ndarray]:
         """(num_layers, batch, steps, dim) -> per sentence a float32 array (num_layers, length, dim).
@@ -465,7 +487,9 @@ class Embedder:
     @torch.inference_mode()
     def encode_token_block(self, tokens: list[str]) -> np.ndarray:
         """float32 (n_tokens, projection_dim): one block of ``embed_tokens_file``."""
-        return self.bilm.encode_tokens(tokens).float().cpu().numpy()
+        block = self.bilm.encode_tokens(tokens).float().cpu().numpy()
+        self._check_finite(block[None])  # layer 0
+        return block
 
 
 def _embedder_like(bilm: BiLM, settings: dict[str, Any], device: torch.device) -> Embedder:

@@ -629,3 +629,71 @@ def test_a_real_allennlp_added_later_is_refused_not_shadowed(tmp_path, monkeypat
     with pytest.raises(AllenNLPConflictError, match=r"a real allennlp is importable \(.*__init__.py\)"):
         import allennlp  # noqa: F401
     assert not hasattr(sys.modules.get("allennlp"), "__elmokit_compat__")
+
+
+# -- smaller edges: each one line that says what is wrong ----------------------------------------
+def test_a_truncated_zip_is_called_what_it_is(tmp_path, text, capsys):
+    import zipfile
+
+    archive = tmp_path / "m.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(TINY / "options.json", "options.json")
+        z.write(TINY / "lm_weights.hdf5", "weights.hdf5")
+    cut = tmp_path / "cut.zip"
+    cut.write_bytes(archive.read_bytes()[:200_000])
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(cut), "--quiet"]) == 2
+    assert _error_line(capsys.readouterr().err) == (
+        f"elmokit: error: {cut} is a .zip archive cut short or damaged (its end, the central directory, "
+        "is missing or unreadable): copy or download it again"
+    )
+
+
+def test_embedding_what_is_not_a_tokenized_sentence_says_what_was_expected(tmp_path):
+    from elmokit.embed import Embedder
+
+    embedder = Embedder(BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5"), device="cpu", mode="zero")
+    with pytest.raises(TypeError, match=r"^embed_sentence takes one tokenized sentence, .* got NoneType$"):
+        embedder.embed_sentence(None)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"^sentence 0 is int, not a list of tokens; expected a list of sentences"
+    ):
+        list(embedder.embed_sentences([1, 2]))  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"^sentence 1 is a str, not a list of tokens; split it first"):
+        list(embedder.embed_sentences([["a"], "b c"]))
+    with pytest.raises(OSError, match=r"^cannot read the input file /proc/self/mem: Input/output error$"):
+        embedder.embed_file("/proc/self/mem", tmp_path / "out.hdf5", progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("value", ["2", "offline", "ture"])
+def test_an_unknown_elmokit_offline_value_is_refused_not_read_as_online(monkeypatch, capsys, value):
+    from elmokit.hub import offline
+
+    monkeypatch.setenv("ELMOKIT_OFFLINE", value)
+    with pytest.raises(ValueError, match=rf"^ELMOKIT_OFFLINE='{value}' is neither 1, true, yes, on"):
+        offline()
+    assert main(["download", "elmo-small", "--quiet"]) == 2
+    assert f"ELMOKIT_OFFLINE='{value}' is neither" in _error_line(capsys.readouterr().err)
+    for value, expected in (
+        ("1", True),
+        ("Yes", True),
+        (" on ", True),
+        ("0", False),
+        ("off", False),
+        ("", False),
+    ):
+        monkeypatch.setenv("ELMOKIT_OFFLINE", value)
+        assert offline() is expected
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    """`elmokit models | head -3`: the exit status of a command that SIGPIPE ended (141), as
+    coreutils and git give, and nothing on stderr."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.Popen(
+        [sys.executable, "-m", "elmokit", "models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert done.stdout is not None and done.stderr is not None
+    done.stdout.close()  # the reader is gone before the command writes
+    err = done.stderr.read()
+    assert done.wait(timeout=120) == 141 and err == b""

@@ -603,9 +603,8 @@ def score_command(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=not args.quiet and sys.stderr.isatty(),
         )
-    except BrokenPipeError:  # the reader stopped early (e.g. `| head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:  # the reader stopped early (e.g. `| head`): said as every command says it
+        return _reader_gone()
     except OSError as err:  # e.g. an output that is a folder or not writable
         return _fail(err)
     if not args.quiet:
@@ -1342,7 +1341,11 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(), command_context(verbose=getattr(args, "verbose", False)):
         warnings.showwarning = _show_warning
         try:
-            return args.func(args)
+            status = args.func(args)
+            sys.stdout.flush()  # a reader that stopped early (`| head`) is met here, not at exit
+            return status
+        except BrokenPipeError:
+            return _reader_gone()
         except (OSError, ValueError, ImportError) as err:  # OSError: missing, unwritable, a folder...
             return _fail(err)
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM during a write (atomic.Terminated)
@@ -1352,6 +1355,17 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 128 + signum
+
+
+def _reader_gone() -> int:
+    """The reader of standard output stopped early (``elmokit models | head -3``): no message,
+    and the exit status of a command that SIGPIPE ended, 141 (128 + 13), as coreutils and git
+    give; what is left unwritten goes to /dev/null, so Python says nothing at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

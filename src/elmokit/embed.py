@@ -26,7 +26,7 @@ from . import _multiprocess_embed as engine
 from . import kernels
 from .atomic import check_output
 from .bilm import BiLM, CarriedState
-from .characters import check_token_lists
+from .characters import EXPECTED_SENTENCES, check_token_lists
 from .devices import resolve_device, this_process
 from .int8 import check_int8, quantize_bilm
 from .lstm import LstmState
@@ -291,6 +291,12 @@ class Embedder:
     def embed_sentence(self, tokens: Sequence[str], pooling: str | None = None) -> np.ndarray:
         """(num_layers, n_tokens, dim) for one tokenized sentence; (num_layers, dim) with
         ``pooling`` (see ``embed_sentences``)."""
+        if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+            raise TypeError(
+                "embed_sentence takes one tokenized sentence, a list of str tokens such as "
+                f"['Hello', 'world']; got {type(tokens).__name__}"
+                + ("; split it first, e.g. text.split()" if isinstance(tokens, str) else "")
+            )
         return next(self.embed_sentences([tokens], pooling=pooling))
 
     @property
@@ -313,7 +319,18 @@ class Embedder:
             check_pooling(pooling)
         chunk_size = self.chunk_size
         chunk: list[Sequence[str]] = []
-        for sentence in sentences:
+        if isinstance(sentences, str) or not isinstance(sentences, Iterable):
+            raise TypeError(f"{EXPECTED_SENTENCES}; got {type(sentences).__name__}")
+        for number, sentence in enumerate(sentences):
+            if isinstance(sentence, str):
+                raise TypeError(
+                    f"sentence {number} is a str, not a list of tokens; split it first, e.g. text.split()"
+                )
+            if not isinstance(sentence, Sequence):
+                raise TypeError(
+                    f"sentence {number} is {type(sentence).__name__}, not a list of tokens; "
+                    + EXPECTED_SENTENCES
+                )
             chunk.append(sentence)
             if len(chunk) == chunk_size:
                 yield from self._pooled(self._embed_chunk(chunk), pooling)

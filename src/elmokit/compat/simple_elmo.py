@@ -46,7 +46,8 @@ What simple_elmo computes, and so what this computes (its code, read line by lin
   state at every step (it never feeds back the state reached), so each prediction comes from one
   token: the forward LM's from the word before (``<S>`` for the first), the backward LM's from
   the word after (``</S>`` for the last). Per word: the ``topn`` ids of
-  ``numpy.argpartition`` (in its order, not sorted), their words and their *logits* rounded to 4
+  ``numpy.argpartition`` (in its order, not sorted; among equal scores, which are kept and their
+  order are unspecified: numpy versions differ), their words and their *logits* rounded to 4
   decimals (``"logp"``, unnormalized scores, as simple_elmo returns them); ``nodelimiters`` sets
   the scores of vocabulary ids 0 and 1 to 0 (normally ``<S>`` and ``</S>``; a score of 0 can still
   rank high). Sentences come out in the order they finish, not the input order, and the

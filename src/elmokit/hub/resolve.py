@@ -216,6 +216,13 @@ def _from_local_file(path: Path, text: str) -> ModelSource:
                 key.update(chunk)
         target = cache_dir() / "archives" / key.hexdigest()[:32] / UNPACKED
         return _from_archive(path, text, "archive", target)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"PK\x03\x04":  # a zip's first member, but no readable end (central directory)
+        raise ArchiveError(
+            f"{path} is a .zip archive cut short or damaged (its end, the central directory, is "
+            "missing or unreadable): copy or download it again"
+        )
     raise ValueError(
         f"{path} is a file, not a model folder or .zip archive; an options file needs its weight "
         "file too (--options and --weights)"

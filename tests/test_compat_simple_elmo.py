@@ -435,3 +435,64 @@ def test_substitutes_come_in_the_order_sentences_finish_and_need_full(lm_folder)
         model.get_elmo_substitutes(["the cat"])
     with pytest.raises(ValueError, match=r"get_elmo_substitutes needs the language model"):
         plain.get_elmo_substitutes(RAW)
+
+
+# -- hostile inputs and the edges of compatibility ------------------------------------------------
+def test_a_vocabulary_that_expands_to_gigabytes_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import gzip
+
+    import elmokit.compat.simple_elmo as compat
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    shutil.copy(TINY / "options.json", folder / "options.json")
+    shutil.copy(TINY / "lm_weights.hdf5", folder / "model.hdf5")
+    with gzip.open(folder / "vocab.txt.gz", "wt", encoding="utf-8") as f:
+        f.write("<S>\n</S>\n<UNK>\n")
+        for _ in range(2000):
+            f.write("x" * 4096 + "\n")  # 8 MiB of text in a small file
+    monkeypatch.setattr(compat, "MAX_VOCABULARY_CHARS", 1 << 20)  # the bound, made small
+    model = ElmoModel()
+    assert model.load(str(folder)) == "The model is now loaded."  # limit=100: the first words only
+    with pytest.raises(ValueError, match=r"vocab.txt.gz: more than 1 MiB of text once decompressed"):
+        model.load(str(folder), limit=None)
+    lines = compat._read_vocabulary(folder / "vocab.txt.gz", limit=2)
+    assert lines == ["<S>", "</S>"]
+
+
+def test_a_tensorflow_checkpoint_folder_is_named_with_its_conversion(tmp_path):
+    folder = tmp_path / "tf"
+    folder.mkdir()
+    shutil.copy(TINY / "options.json", folder / "options.json")
+    (folder / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n", encoding="utf-8")
+    (folder / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-7"\n', encoding="utf-8")
+    for name in ("model.ckpt-7.index", "model.ckpt-7.meta", "model.ckpt-7.data-00000-of-00001"):
+        (folder / name).write_bytes(b"")
+    for full in (True, False):
+        with pytest.raises(ValueError, match=r"holds a TensorFlow checkpoint \(model.ckpt-7\).*dump_weights"):
+            ElmoModel().load(str(folder), full=full)
+    shutil.copy(TINY / "lm_weights.hdf5", folder / "model.hdf5")  # converted: the vectors load
+    assert ElmoModel().load(str(folder)) == "The model is now loaded."
+    with pytest.raises(ValueError, match="softmax/W and softmax/b"):  # but not the language model
+        ElmoModel().load(str(folder), full=True)
+
+
+def test_batcher_imports_from_simple_elmo_and_gives_bilm_tf_ids(tmp_path):
+    from elmokit.compat.allennlp import batch_to_ids
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("<S>\n</S>\n<UNK>\nthe\n", encoding="utf-8")
+    install_simple_elmo_module()
+    try:
+        from simple_elmo import Batcher
+
+        ids = Batcher(str(vocab), 50).batch_sentences([["the", "cat"], ["a"]])
+    finally:
+        uninstall_simple_elmo_module()
+    assert ids.shape == (2, 4, 50) and ids.dtype == np.int64
+    theirs = batch_to_ids([["the", "cat"], ["a"]]).numpy()  # AllenNLP's: no <S>, </S>
+    np.testing.assert_array_equal(ids[0, 1:3], theirs[0])
+    np.testing.assert_array_equal(ids[1, 1], theirs[1, 0])
+    assert ids[0, 0, :4].tolist() == [259, 257, 260, 261]  # <S>: begin word, begin sentence, end word
+    assert ids[0, 3, :4].tolist() == [259, 258, 260, 261] and ids[1, 2, :4].tolist() == [259, 258, 260, 261]
+    assert not ids[1, 3].any()  # padding

@@ -352,3 +352,52 @@ def test_manylangs_char_ids_are_bounded(tmp_path):
     assert str(err.value) == (
         f"{folder / 'char.dic'}: the id of '\u2603' (an integer of 30 digits) is not below 2,000,000"
     )
+
+
+# -- finite but huge weights -----------------------------------------------------------------------
+@pytest.fixture
+def huge_char_rows(tmp_path) -> Path:
+    """The tiny model with character embedding rows at 3e38: finite, but float32 overflows."""
+    folder = tmp_path / "huge"
+    folder.mkdir()
+    shutil.copy(TINY / "options.json", folder / "options.json")
+    shutil.copy(TINY / "lm_weights.hdf5", folder / "weights.hdf5")
+    with h5py.File(folder / "weights.hdf5", "r+") as f:
+        rows = f["char_embed"][...]
+        rows[100:130] = 3e38  # the letters' rows
+        f["char_embed"][...] = rows
+    return folder
+
+
+@pytest.mark.parametrize("command", ["embed", "tokens"])
+def test_finite_but_huge_weights_are_refused_naming_the_file_and_layer(
+    tmp_path, huge_char_rows, capsys, command
+):
+    text = tmp_path / "in.txt"
+    text.write_text("the cat sat .\n", encoding="utf-8")
+    out = tmp_path / "out.hdf5"
+    quiet = ["--quiet"] if command == "embed" else []
+    assert main([command, str(text), str(out), "--model", str(huge_char_rows), "--mode", "zero", *quiet]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"elmokit: error: the model {huge_char_rows / 'weights.hdf5'} gives vectors that are not finite "
+        "(inf or NaN) from layer 0 (the token vectors of the character CNN) on; its weights are finite "
+        "but too large for float32 arithmetic"
+    ]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["huge", "in.txt"]
+
+
+def test_the_first_layer_that_is_not_finite_is_named():
+    import torch
+
+    from elmokit.embed import Embedder
+
+    embedder = Embedder(BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5"), device="cpu", mode="zero")
+    layers = torch.zeros(3, 2, 4, embedder.dim)
+    embedder._check_finite(layers)  # all finite: nothing said
+    layers[2, 1, 3, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"lm_weights.hdf5 gives .* from layer 2 \(biLSTM layer 2\) on"):
+        embedder._check_finite(layers)
+    layers[1, 0, 0, 5] = float("inf")
+    with pytest.raises(ValueError, match=r"from layer 1 \(biLSTM layer 1\) on"):
+        embedder._check_finite(layers)

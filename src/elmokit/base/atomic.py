@@ -17,6 +17,7 @@ host removes the leftovers whose process no longer exists.
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -37,6 +38,8 @@ __all__ = [
     "atomic_path",
     "check_output",
     "check_outputs_in",
+    "disk_full",
+    "disk_full_reason",
     "handle_signals",
     "is_stream",
     "raise_if_signalled",
@@ -280,6 +283,30 @@ def terminate_raises() -> Iterator[None]:
         _signalled.clear()
 
 
+_FULL = {
+    errno.ENOSPC: "the disk is full (no space left on device)",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file is larger than this process may write (File too large)",
+}
+
+
+def disk_full_reason(err: BaseException) -> str | None:
+    """What ``err`` says in words when it says that the disk (or the quota, or the process's
+    file size limit) is full; None for any other error."""
+    return _FULL.get(getattr(err, "errno", None) or 0) if isinstance(err, OSError) else None
+
+
+def disk_full(err: BaseException, target: str | os.PathLike) -> OSError | None:
+    """``err`` in one line naming ``target`` when it says that the disk (or the quota, or the
+    process's file size limit) is full; None for any other error."""
+    why = disk_full_reason(err)
+    if why is None:
+        return None
+    full = OSError(f"{target} was not written: {why}; no partial file was left")
+    full.errno = getattr(err, "errno", None)
+    return full
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
     """Yield a fresh temporary path beside ``path``; when the block ends without an error, the
@@ -312,6 +339,11 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
                         f"{target} appeared while it was being written; the new result was not saved "
                         "over it (pass overwrite to replace it)"
                     ) from None
+        except OSError as err:  # a full disk: one line naming the file, not the temporary name
+            full = disk_full(err, target)
+            if full is None:
+                raise
+            raise full from None
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -342,6 +374,11 @@ def scratch_path(path: str | os.PathLike, label: str = "") -> Iterator[Path]:
         tmp = _temporary(Path(path), label)
         try:
             yield tmp
+        except OSError as err:
+            full = disk_full(err, path)
+            if full is None:
+                raise
+            raise full from None
         finally:
             tmp.unlink(missing_ok=True)
 

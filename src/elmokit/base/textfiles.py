@@ -65,12 +65,17 @@ def count_lines(path: str | os.PathLike) -> int | None:
     if not path.is_file():  # a pipe, e.g. <(command)
         return None
     count, last = 0, b""
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            count += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
-            if last == b"\r" and block[:1] == b"\n":  # a "\r\n" split between two blocks
-                count -= 1
-            last = block[-1:]
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                count += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
+                if last == b"\r" and block[:1] == b"\n":  # a "\r\n" split between two blocks
+                    count -= 1
+                last = block[-1:]
+    except OSError as err:  # e.g. /proc/self/mem: named, with the cause
+        named = type(err)(f"cannot read the input file {path}: {err.strerror or err}")
+        named.errno = err.errno
+        raise named from None
     return count + (last not in (b"", b"\n", b"\r"))
 
 

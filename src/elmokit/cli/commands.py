@@ -316,7 +316,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     if args.json:  # before the work, not after it; the model's files and the held-out text are inputs
-        check_output(args.json, args.overwrite, [*_model_files(args.model_dir), *corpus_files(args.heldout)])
+        check_output(args.json, args.overwrite, [*_model_inputs(args.model_dir), *corpus_files(args.heldout)])
     model = LanguageModel.from_pretrained(
         args.model_dir, device=device, checkpoint=args.checkpoint, average=args.average
     )
@@ -359,6 +359,20 @@ def _model_files(model_dir: str) -> list[Path]:
     ]
 
 
+def _model_inputs(spec: str) -> list[Path]:
+    """Every file of the model ``spec`` names, as the command will read it: a folder's model
+    files (a training save dir's checkpoints too) and what the resolver finds (a name's, an
+    archive's and the archive itself, an ELMoForManyLangs folder's): inputs that no output may
+    replace, checked before the work."""
+    files = _model_files(spec)
+    try:
+        files += resolve_model(spec).input_files()
+    except (OSError, ValueError):
+        if not files:  # not a model: loading it says why
+            raise
+    return files
+
+
 def export_command(args: argparse.Namespace) -> int:
     from ..base.atomic import check_outputs_in
     from ..model.weights import SOFTMAX_FILE, has_start_state
@@ -388,7 +402,8 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     from ..model.bilm import BiLM
 
     require_onnx("export-onnx")
-    check_output(args.output, args.overwrite)  # before the model is read
+    check_output(args.output, args.overwrite, [args.model])  # before the model is read
+    # export_onnx refuses an output that is one of the model's files (its weights, its archive)
     data = export_onnx(BiLM.from_pretrained(args.model), args.output, args.overwrite, int8=args.int8)
     print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
     return 0
@@ -415,8 +430,10 @@ def _embedder(args: argparse.Namespace):
 def embed_command(args: argparse.Namespace) -> int:
     """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`); with --nproc N or
     under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
+    from ..base.atomic import check_output
     from ..base.devices import this_process
 
+    check_output(args.output, args.overwrite, [args.input])  # before the model is read
     summary = _embedder(args).embed_file(
         args.input,
         args.output,
@@ -444,8 +461,10 @@ def embed_command(args: argparse.Namespace) -> int:
 def tokens_command(args: argparse.Namespace) -> int:
     """Context-independent token vectors for every line of a vocabulary file (shared by the
     processes with --nproc N or under torchrun)."""
+    from ..base.atomic import check_output
     from ..base.devices import this_process
 
+    check_output(args.output, args.overwrite, [args.vocab])  # before the model is read
     embedder = _embedder(args)
     n = embedder.embed_tokens_file(args.vocab, args.output, overwrite=args.overwrite, processes=args.nproc)
     if this_process().is_main:
@@ -585,9 +604,8 @@ def score_command(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=not args.quiet and sys.stderr.isatty(),
         )
-    except BrokenPipeError:  # the reader stopped early (e.g. `| head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:  # the reader stopped early (e.g. `| head`): said as every command says it
+        return _reader_gone()
     except OSError as err:  # e.g. an output that is a folder or not writable
         return _fail(err)
     if not args.quiet:
@@ -784,6 +802,8 @@ def probe_command(args: argparse.Namespace) -> int:
     if args.train is None or args.test is None or args.column is None:
         raise ValueError("probe needs --train, --test and --column (or: elmokit probe wsd ...)")
     inputs = [f for f in (args.train, args.dev, args.test) if f is not None]
+    if args.json is not None or args.plot is not None:
+        inputs += _model_inputs(args.model)
     for out in (args.json, args.plot):
         if out is not None:
             check_output(out, args.overwrite, inputs)
@@ -843,7 +863,8 @@ def probe_wsd_command(args: argparse.Namespace) -> int:
 
     files = [args.train, args.train_key, args.test, args.test_key, args.index_sense]
     if args.json is not None:
-        check_output(args.json, args.overwrite, [f for f in files if f is not None])
+        inputs = [*(f for f in files if f is not None), *_model_inputs(args.model)]
+        check_output(args.json, args.overwrite, inputs)
     record = wsd_files(
         args.model, args.train, args.test, args.index_sense, args.train_key, args.test_key, args.layers
     )
@@ -1321,7 +1342,11 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(), command_context(verbose=getattr(args, "verbose", False)):
         warnings.showwarning = _show_warning
         try:
-            return args.func(args)
+            status = args.func(args)
+            sys.stdout.flush()  # a reader that stopped early (`| head`) is met here, not at exit
+            return status
+        except BrokenPipeError:
+            return _reader_gone()
         except (OSError, ValueError, ImportError) as err:  # OSError: missing, unwritable, a folder...
             return _fail(err)
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM during a write (atomic.Terminated)
@@ -1331,6 +1356,17 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 128 + signum
+
+
+def _reader_gone() -> int:
+    """The reader of standard output stopped early (``elmokit models | head -3``): no message,
+    and the exit status of a command that SIGPIPE ended, 141 (128 + 13), as coreutils and git
+    give; what is left unwritten goes to /dev/null, so Python says nothing at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

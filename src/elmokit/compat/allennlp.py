@@ -853,11 +853,14 @@ class ElmoEmbedder:
         ``json.dumps({sentence: "i"})`` unless ``forget_sentences`` or ``use_sentence_keys``.
         Blank lines are an error. The file appears only when complete (written beside it, then
         renamed); an existing regular file is replaced, as AllenNLP does, but never the input
-        file (under any name), a symbolic link, a device or a pipe (``atomic.check_output``)."""
+        file or a file of the model (under any name), a symbolic link, a device or a pipe
+        (``atomic.check_output``)."""
         if output_format not in ("all", "top", "average"):
             raise ValueError(f"output_format must be all, top or average, got {output_format!r}")
         # AllenNLP replaces an existing file; never the input itself, a link, a device or a pipe
-        output = check_output(output_file_path, overwrite=True, inputs=_input_names(input_file))
+        # nor a file of the model (its weights, its options)
+        inputs: list[str | os.PathLike] = [*_input_names(input_file), *self.elmo_bilm.bilm.source_files]
+        output = check_output(output_file_path, overwrite=True, inputs=inputs)
         sentences = _read_sentences(input_file)
         blank = [i for i, line in enumerate(sentences) if line == ""]
         if blank:

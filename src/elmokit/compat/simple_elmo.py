@@ -46,7 +46,8 @@ What simple_elmo computes, and so what this computes (its code, read line by lin
   state at every step (it never feeds back the state reached), so each prediction comes from one
   token: the forward LM's from the word before (``<S>`` for the first), the backward LM's from
   the word after (``</S>`` for the last). Per word: the ``topn`` ids of
-  ``numpy.argpartition`` (in its order, not sorted), their words and their *logits* rounded to 4
+  ``numpy.argpartition`` (in its order, not sorted; among equal scores, which are kept and their
+  order are unspecified: numpy versions differ), their words and their *logits* rounded to 4
   decimals (``"logp"``, unnormalized scores, as simple_elmo returns them); ``nodelimiters`` sets
   the scores of vocabulary ids 0 and 1 to 0 (normally ``<S>`` and ``</S>``; a score of 0 can still
   rank high). Sentences come out in the order they finish, not the input order, and the
@@ -93,10 +94,10 @@ from ..model.characters import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ElmoModel", "divide_chunks"]
+__all__ = ["Batcher", "ElmoModel", "divide_chunks"]
 
 # What ``simple_elmo`` and ``simple_elmo.elmo_helpers`` hold under install_simple_elmo_module().
-SIMPLE_ELMO_NAMES = ("ElmoModel", "divide_chunks")
+SIMPLE_ELMO_NAMES = ("Batcher", "ElmoModel", "divide_chunks")
 
 LAYERS = ("average", "top", "all")
 
@@ -170,6 +171,41 @@ class _Characters:
         return out
 
 
+class Batcher:
+    """simple_elmo's (bilm-tf's) ``Batcher``: tokenized sentences -> character ids, int64
+    (n_sentences, longest + 2, max_token_length), ``<S>`` and ``</S>`` added, shifted by one so
+    that 0 is padding. ``lm_vocab_file``: the model's vocab.txt (or .gz; None: only <S>, </S>,
+    <UNK>), its first ``limit`` words cached (all with None), as ``ElmoModel`` reads it."""
+
+    def __init__(
+        self, lm_vocab_file: str | os.PathLike | None, max_token_length: int, limit: int | None = None
+    ) -> None:
+        vocabulary = None if lm_vocab_file is None else _read_vocabulary(Path(lm_vocab_file), limit)
+        self._characters = _Characters(vocabulary, max_token_length, limit)
+        self._max_token_length = max_token_length
+
+    def batch_sentences(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
+        if isinstance(sentences, str) or not isinstance(sentences, Sequence) or len(sentences) == 0:
+            raise ValueError(
+                "sentences must be a non-empty list of tokenized sentences, e.g. [['Hello', 'world']]"
+            )
+        characters = self._characters
+        longest = max(len(sentence) for sentence in sentences) + 2
+        out = np.zeros((len(sentences), longest, self._max_token_length), dtype=np.int64)
+        begin, end = (
+            np.array(characters._marker(c)) + 1 for c in (BEGIN_OF_SENTENCE_CHAR, END_OF_SENTENCE_CHAR)
+        )
+        for k, sentence in enumerate(sentences):
+            out[k, 0], out[k, len(sentence) + 1] = begin, end
+            for j, token in enumerate(sentence):
+                if not isinstance(token, str):
+                    raise TypeError(
+                        f"sentence {k}, token {j} is a {type(token).__name__}, not a str: {token!r:.60}"
+                    )
+                out[k, j + 1] = np.array(characters.token_ids(token)) + 1
+        return out
+
+
 # -- get_elmo_substitutes' batches -----------------------------------------------------------
 _LM_ROWS = 512  # steps run through the language model at once
 # One step of one batch row: (row, (forward input token, its target), (backward input, target))
@@ -212,15 +248,60 @@ def _without_word(entry: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in entry.items() if key != "word"}
 
 
-def _read_vocabulary(path: Path | None) -> list[str] | None:
+MAX_VOCABULARY_CHARS = 256 << 20  # of vocab.txt (decompressed): NLPL's are a few MB
+
+
+def _read_vocabulary(path: Path | None, limit: int | None = None) -> list[str] | None:
+    """The lines of a vocabulary file (``vocab.txt.gz`` decompressed as it is read), up to the
+    ``limit`` words ``_Characters`` keeps; at most ``MAX_VOCABULARY_CHARS`` characters are
+    read, so a small file that expands to gigabytes is refused before it fills the memory."""
     if path is None:
         return None
     opener = gzip.open if path.name.endswith(".gz") else open
+    lines: list[str] = []
+    words = read = 0
+    limit = limit if limit is not None and limit > 0 else None  # as _Characters counts
     try:
         with opener(path, "rt", encoding="utf-8") as handle:
-            return handle.read().splitlines()
+            while limit is None or words < limit:
+                line = handle.readline(MAX_VOCABULARY_CHARS - read + 1)
+                if not line:
+                    break
+                read += len(line)
+                if read > MAX_VOCABULARY_CHARS:
+                    raise ValueError(
+                        f"{path}: more than {MAX_VOCABULARY_CHARS >> 20} MiB of text"
+                        f"{' once decompressed' if path.name.endswith('.gz') else ''}: not a vocabulary "
+                        "file (one word per line)"
+                    )
+                for part in line.splitlines():
+                    lines.append(part)
+                    words += part.strip() != "!!!MAXTERMID"
     except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
         raise ValueError(f"{path}: not a UTF-8 vocabulary file ({err})") from None
+    return lines
+
+
+def _tensorflow_checkpoint(directory: str | os.PathLike) -> str | None:
+    """The name of the TensorFlow checkpoint in a model folder (simple_elmo's full model: the
+    ``checkpoint`` file and ``model.ckpt-N.index`` / ``.data-*``), or None."""
+    folder = Path(os.fspath(directory)).expanduser()
+    try:
+        if not folder.is_dir():
+            return None
+        index = sorted(p.name for p in folder.iterdir() if p.name.endswith(".index") and ".ckpt" in p.name)
+    except OSError:
+        return None
+    if index:
+        return index[-1][: -len(".index")]
+    return "checkpoint" if (folder / "checkpoint").is_file() and (folder / "options.json").is_file() else None
+
+
+def _has_hdf5_weights(directory: str | os.PathLike, softmax: bool) -> bool:
+    """Whether a folder holds HDF5 weights beside its checkpoint (and ``softmax.hdf5`` too)."""
+    folder = Path(os.fspath(directory)).expanduser()
+    names = {p.name for p in folder.iterdir() if p.suffix == ".hdf5"}
+    return bool(names - {"softmax.hdf5"}) and (not softmax or "softmax.hdf5" in names)
 
 
 class ElmoModel:
@@ -255,6 +336,14 @@ class ElmoModel:
         ``device``: where to run (default the CPU; an elmokit addition)."""
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+        checkpoint = _tensorflow_checkpoint(directory)
+        if checkpoint is not None and not _has_hdf5_weights(directory, softmax=full):
+            raise ValueError(
+                f"{directory} holds a TensorFlow checkpoint ({checkpoint}), which elmokit does not read "
+                "(it runs without TensorFlow): convert it where TensorFlow runs, the biLM with bilm-tf's "
+                "dump_weights to weights.hdf5 and, for full=True, the checkpoint's lm/softmax/W and "
+                "lm/softmax/b to softmax.hdf5 as softmax/W and softmax/b (docs/migrating-simple-elmo.md)"
+            )
         source = resolve_model(directory)
         options_file, weight_file = source.files()
         self.lm = None
@@ -277,7 +366,7 @@ class ElmoModel:
                 )
             bilm = BiLM.load(options_file, weight_file)
             bilm = bilm.to(device) if device is not None else bilm
-            vocabulary = _read_vocabulary(source.extras.get("vocab"))
+            vocabulary = _read_vocabulary(source.extras.get("vocab"), limit)
         self.bilm = bilm
         self.max_chars = bilm.options.char_cnn.max_characters_per_token
         self.batcher = _Characters(vocabulary, self.max_chars, limit)

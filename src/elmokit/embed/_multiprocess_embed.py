@@ -80,6 +80,7 @@ class LineEmbedder(Protocol):
 
     bilm: BiLM
     mode: str
+    source_files: tuple[Path, ...]  # the model's files: outputs never replace them
 
     @property
     def chunk_size(self) -> int: ...
@@ -241,7 +242,7 @@ def _embed_share(
     """One process's part of the lines, and process 0's merge; the summary as JSON."""
     check_layers(layers, pooling)
     total = check_splittable(embedder.mode, input_path)
-    output = check_output(output_path, overwrite, [input_path])
+    output = check_output(output_path, overwrite, [input_path, *embedder.source_files])
     remove_leftovers(output)  # of this host's killed runs
     if job is None:  # the checks above come before any process talks
         job = _Job.under_torchrun("embed", this_process())
@@ -385,7 +386,7 @@ def _tokens_share(
 ) -> str:
     """One process's blocks of token vectors (block b by process b mod the number of
     processes), and process 0's merge; the summary ({"tokens": n}) as JSON."""
-    output = check_output(output_path, overwrite, [vocab_path])
+    output = check_output(output_path, overwrite, [vocab_path, *embedder.source_files])
     tokens = read_vocabulary(vocab_path)
     remove_leftovers(output)
     if job is None:

@@ -27,7 +27,7 @@ from ..base.atomic import check_output
 from ..base.devices import resolve_device, this_process
 from ..base.textfiles import count_lines, line_splitter, read_lines
 from ..model.bilm import BiLM, CarriedState
-from ..model.characters import check_token_lists
+from ..model.characters import EXPECTED_SENTENCES, check_token_lists
 from ..model.int8 import check_int8, quantize_bilm
 from ..model.lstm import LstmState
 from . import _multiprocess_embed as engine
@@ -156,6 +156,11 @@ class Embedder:
             bilm = model
         else:
             bilm = BiLM.from_pretrained(model)  # any form: name, folder, .zip, URL, hf://; None: the default
+        # the files of the model (and its ONNX file): inputs that no output of embed_file replaces
+        self.source_files: tuple[Path, ...] = (
+            *bilm.source_files,
+            *(() if onnx_file is None else (Path(onnx_file),)),
+        )
         if device is None:
             gpu = torch.cuda.is_available() and backend == "torch" and not int8
             device = "cuda" if gpu else _device(bilm)
@@ -218,6 +223,7 @@ class Embedder:
             out = self.onnx(ids, None if self.mode == "warm" else self._initial_state(len(sentences), zeros))
             if self.carried is not None:
                 self.carried.update(out.state)
+            self._check_finite(out.layers)
             return self._to_host(out.layers, [len(s) for s in sentences])
         ids = self.bilm.batch_to_ids(sentences).to(_device(self.bilm))
         like = next(self.bilm.parameters())  # the device and dtype of the states
@@ -225,7 +231,28 @@ class Embedder:
             out = self.bilm(ids, self._initial_state(len(sentences), like))
         if self.carried is not None:
             self.carried.update(out.state)
+        self._check_finite(out.layers)
         return self._to_host(out.layers, [len(s) for s in sentences])
+
+    def _check_finite(self, layers: torch.Tensor | np.ndarray) -> None:
+        """Refuse a batch whose vectors are not all finite (one cheap check per batch): finite
+        but huge weights (a row near 3e38) overflow float32, and inf or NaN would be written
+        as vectors. The ValueError names the model file and the first layer that is not finite."""
+        values = torch.as_tensor(layers)
+        if bool(torch.isfinite(values).all()):
+            return
+        first = next(i for i in range(values.shape[0]) if not bool(torch.isfinite(values[i]).all()))
+        what = "the token vectors of the character CNN" if first == 0 else f"biLSTM layer {first}"
+        files = self.source_files
+        model = "the model"
+        if len(files) > 1 and files[1].suffix == ".hdf5":
+            model = f"the model {files[1]}"
+        elif files:
+            model = f"the model {files[0].parent}"
+        raise ValueError(
+            f"{model} gives vectors that are not finite (inf or NaN) from layer {first} ({what}) on; "
+            "its weights are finite but too large for float32 arithmetic"
+        )
 
     def _to_host(self, layers: torch.Tensor, lengths: list[int]) -> list[np.ndarray]:
         """(num_layers, batch, steps, dim) -> per sentence a float32 array (num_layers, length, dim).
@@ -264,6 +291,12 @@ class Embedder:
     def embed_sentence(self, tokens: Sequence[str], pooling: str | None = None) -> np.ndarray:
         """(num_layers, n_tokens, dim) for one tokenized sentence; (num_layers, dim) with
         ``pooling`` (see ``embed_sentences``)."""
+        if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+            raise TypeError(
+                "embed_sentence takes one tokenized sentence, a list of str tokens such as "
+                f"['Hello', 'world']; got {type(tokens).__name__}"
+                + ("; split it first, e.g. text.split()" if isinstance(tokens, str) else "")
+            )
         return next(self.embed_sentences([tokens], pooling=pooling))
 
     @property
@@ -286,7 +319,18 @@ class Embedder:
             check_pooling(pooling)
         chunk_size = self.chunk_size
         chunk: list[Sequence[str]] = []
-        for sentence in sentences:
+        if isinstance(sentences, str) or not isinstance(sentences, Iterable):
+            raise TypeError(f"{EXPECTED_SENTENCES}; got {type(sentences).__name__}")
+        for number, sentence in enumerate(sentences):
+            if isinstance(sentence, str):
+                raise TypeError(
+                    f"sentence {number} is a str, not a list of tokens; split it first, e.g. text.split()"
+                )
+            if not isinstance(sentence, Sequence):
+                raise TypeError(
+                    f"sentence {number} is {type(sentence).__name__}, not a list of tokens; "
+                    + EXPECTED_SENTENCES
+                )
             chunk.append(sentence)
             if len(chunk) == chunk_size:
                 yield from self._pooled(self._embed_chunk(chunk), pooling)
@@ -379,9 +423,9 @@ class Embedder:
         if self._shared(processes):
             if processes > 1:  # what every process would refuse, refused once
                 engine.check_splittable(self.mode, input_path)
-                check_output(output_path, overwrite, [input_path])
+                check_output(output_path, overwrite, [input_path, *self.source_files])
             return EmbedSummary(**self._run_shared("embed", processes, arguments, output_path))
-        output = check_output(output_path, overwrite, [input_path])
+        output = check_output(output_path, overwrite, [input_path, *self.source_files])
         total = count_lines(input_path)
         lines = read_lines(input_path)
         split = line_splitter(tokenize)
@@ -423,10 +467,10 @@ class Embedder:
         arguments = {"vocab_path": vocab_path, "output_path": output_path, "overwrite": overwrite}
         if self._shared(processes):
             if processes > 1:
-                check_output(output_path, overwrite, [vocab_path])
+                check_output(output_path, overwrite, [vocab_path, *self.source_files])
                 read_vocabulary(vocab_path)
             return int(self._run_shared("tokens", processes, arguments, output_path)["tokens"])
-        output = check_output(output_path, overwrite, [vocab_path])
+        output = check_output(output_path, overwrite, [vocab_path, *self.source_files])
         tokens = read_vocabulary(vocab_path)
         blocks = (
             self.encode_token_block(tokens[i : i + TOKEN_BLOCK]) for i in range(0, len(tokens), TOKEN_BLOCK)
@@ -460,7 +504,9 @@ class Embedder:
     @torch.inference_mode()
     def encode_token_block(self, tokens: list[str]) -> np.ndarray:
         """float32 (n_tokens, projection_dim): one block of ``embed_tokens_file``."""
-        return self.bilm.encode_tokens(tokens).float().cpu().numpy()
+        block = self.bilm.encode_tokens(tokens).float().cpu().numpy()
+        self._check_finite(block[None])  # layer 0
+        return block
 
 
 def _embedder_like(bilm: BiLM, settings: dict[str, Any], device: torch.device) -> Embedder:

@@ -180,8 +180,8 @@ def export_onnx(
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    if output is not None:
-        check_output(output, overwrite)
+    if output is not None:  # never over a file the model was read from (its weights, its archive)
+        check_output(output, overwrite, bilm.source_files)
     source = bilm
     if _device_or_dtype_differ(bilm):  # the given model is never changed: export a copy
         bilm = copy.deepcopy(bilm).to("cpu", torch.float32)

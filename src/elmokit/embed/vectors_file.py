@@ -34,6 +34,7 @@ import numpy as np
 from ..base import _hdf5_tuning
 from ..base.atomic import atomic_path, raise_if_signalled
 from ..base.textfiles import count_lines, read_lines
+from ..model.weights import create_hdf5
 
 __all__ = [
     "FLAVOURS",
@@ -206,7 +207,7 @@ def write_token_vectors(
 ) -> None:
     """Write the token file atomically: the blocks of rows, in order, as the dataset "embedding"
     of ``shape`` (n_tokens, dim)."""
-    with atomic_path(output, overwrite) as tmp, h5py.File(tmp, "w") as out:
+    with atomic_path(output, overwrite) as tmp, create_hdf5(tmp) as out:
         dataset = out.create_dataset(POOLED_DATASET, shape=shape, dtype=np.float32)
         first = 0
         for block in blocks:
@@ -237,7 +238,7 @@ def write_vectors(
     # kept every name of the group in one cached heap: +75 MB at 600,000 datasets)
     libver = ("v108", "v108") if flavour == "elmokit" else None
     with atomic_path(output, overwrite) as tmp_name, SentenceIndex(output.parent) as index:
-        with h5py.File(tmp_name, "w", libver=libver) as out:
+        with create_hdf5(tmp_name, libver=libver) as out:
             matrix = None if row_shape is None else _Rows(out, POOLED_DATASET, row_shape)
             for i, (text, array) in enumerate(rows):
                 raise_if_signalled()  # a signal whose exception Python dropped stops the write too

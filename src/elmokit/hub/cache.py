@@ -28,6 +28,18 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("elmokit", appauthor=False))
 
 
+_OFFLINE = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False}
+_OFFLINE.update({"off": False, "": False})
+
+
 def offline() -> bool:
-    """Whether ``ELMOKIT_OFFLINE`` forbids the network (1, true, yes or on)."""
-    return os.environ.get(ENV_OFFLINE, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether ``ELMOKIT_OFFLINE`` forbids the network (1, true, yes or on; 0, false, no, off or
+    unset allow it); any other value is a ValueError, never read as online."""
+    value = os.environ.get(ENV_OFFLINE, "")
+    found = _OFFLINE.get(value.strip().lower())
+    if found is None:
+        raise ValueError(
+            f"{ENV_OFFLINE}={value!r} is neither 1, true, yes, on (offline) nor 0, false, no, off "
+            "(online): set one of them"
+        )
+    return found

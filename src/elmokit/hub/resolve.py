@@ -18,6 +18,7 @@ A model can be given as
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping
@@ -53,7 +54,8 @@ class ModelSource:
     "manylangs" (an ELMoForManyLangs folder: ``folder`` set, no options/weight file).
     ``origin``: how it was given: "shipped", "registry", "folder", "archive", "url", "hf" or
     "files".
-    ``extras``: other files of the model found beside the weights ("vocab", "softmax")."""
+    ``extras``: other files of the model found beside the weights ("vocab", "softmax").
+    ``archive``: the .zip the model was unpacked from, if it came from one."""
 
     spec: str
     origin: str
@@ -63,6 +65,19 @@ class ModelSource:
     weight_file: Path | None = None
     extras: Mapping[str, Path] = field(default_factory=dict)
     name: str | None = None
+    archive: Path | None = None
+
+    def input_files(self) -> tuple[Path, ...]:
+        """Every file this model is read from: options, weights, vocabulary and softmax, the
+        archive it was unpacked from, an ELMoForManyLangs folder's files. A command's output
+        is never one of them (``atomic.check_output``'s inputs), even with ``--overwrite``."""
+        found = [self.options_file, self.weight_file, *self.extras.values(), self.archive]
+        if self.kind == "manylangs" and self.folder is not None:
+            try:
+                found += sorted(p for p in self.folder.iterdir() if p.is_file())
+            except OSError:
+                pass
+        return tuple(dict.fromkeys(p for p in found if p is not None))
 
     def files(self) -> tuple[Path, Path]:
         """(options file, weight file); a ValueError for an ELMoForManyLangs model."""
@@ -201,6 +216,13 @@ def _from_local_file(path: Path, text: str) -> ModelSource:
                 key.update(chunk)
         target = cache_dir() / "archives" / key.hexdigest()[:32] / UNPACKED
         return _from_archive(path, text, "archive", target)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"PK\x03\x04":  # a zip's first member, but no readable end (central directory)
+        raise ArchiveError(
+            f"{path} is a .zip archive cut short or damaged (its end, the central directory, is "
+            "missing or unreadable): copy or download it again"
+        )
     raise ValueError(
         f"{path} is a file, not a model folder or .zip archive; an options file needs its weight "
         "file too (--options and --weights)"
@@ -220,7 +242,8 @@ def _from_archive(
         if again is None:
             raise
         raise ArchiveError(f"{err}; it is in the download cache: {again}") from None
-    return _from_folder(folder, spec, origin, name=name, what="archive")
+    source = _from_folder(folder, spec, origin, name=name, what="archive")
+    return dataclasses.replace(source, archive=archive)
 
 
 def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> ModelSource:

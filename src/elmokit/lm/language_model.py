@@ -83,6 +83,13 @@ class LanguageModel(nn.Module):
         dim = self.bilm.options.lstm.projection_dim
         self.softmax: Softmax | None = None if vocab_size is None else Softmax(vocab_size, dim)
         self._vocab: Vocabulary | None = None  # the softmax's words, set by from_pretrained
+        self._source_files: tuple[Path, ...] = ()  # set by from_pretrained
+
+    @property
+    def source_files(self) -> tuple[Path, ...]:
+        """The files the model was read from (``from_pretrained``: its weights, vocabulary,
+        softmax, archive, checkpoints), else its biLM's: outputs never replace them."""
+        return self._source_files or self.bilm.source_files
 
     @property
     def vocab(self) -> Vocabulary:
@@ -123,6 +130,7 @@ class LanguageModel(nn.Module):
                 raise ValueError(f"--checkpoint {checkpoint} needs a training save dir; {spec} is not one")
             model, vocab = cls._from_model_files(spec, progress)
         model._vocab = vocab
+        model.bilm.source_files = model._source_files
         return model.to(resolve_device(device)).eval()
 
     @classmethod
@@ -142,6 +150,7 @@ class LanguageModel(nn.Module):
         load_weights(model.bilm, weights)
         assert model.softmax is not None
         load_softmax(model.softmax, softmax)
+        model._source_files = source.input_files()
         return model, vocab
 
     @classmethod
@@ -169,6 +178,10 @@ class LanguageModel(nn.Module):
         else:
             weights = average_weights(folder, average)[0]
         model.load_state_dict(weights)
+        files = [vocab_file, folder / CONFIG_FILE]
+        for checkpoint_dir in checkpoint_folders(folder):
+            files += sorted(p for p in checkpoint_dir.iterdir() if p.is_file())
+        model._source_files = tuple(files)
         return model, vocab
 
     def hidden_states(

@@ -360,15 +360,15 @@ def score_file(
     number (1-based). ``output``: a path, written atomically (a temporary file beside it renamed
     when complete), an open text stream, or None for stdout; a path that is a named pipe, a
     character device or a socket (/dev/stdout, a FIFO) is written into directly, never replaced.
-    The output policy is ``atomic.check_output``'s (no input, no link, no existing file unless
-    ``overwrite``). Input and output are streamed. ``vocab``: as ``score_sentences``'."""
+    The output policy is ``atomic.check_output``'s (no input, no file of the model, no link, no
+    existing file unless ``overwrite``). Input and output are streamed. ``vocab``: as ``score_sentences``'."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if per_token and fmt != "jsonl":
         raise ValueError("per-token log-probabilities are written only in the jsonl format")
     _, vocab = _check_model(model, vocab, mode)
     total = count_lines(input_path)  # also checks that the input exists
-    with _output_stream(output, input_path, overwrite) as stream:
+    with _output_stream(output, [input_path, *model.source_files], overwrite) as stream:
         return _score_to(
             model, vocab, input_path, stream, fmt, mode, batch_size, per_token, tokenize, progress, total
         )
@@ -376,7 +376,7 @@ def score_file(
 
 @contextmanager
 def _output_stream(
-    output: str | os.PathLike | TextIO | None, input_path: str | os.PathLike, overwrite: bool
+    output: str | os.PathLike | TextIO | None, inputs: list[str | os.PathLike], overwrite: bool
 ) -> Iterator[TextIO]:
     """The text stream ``score_file`` writes: stdout (None, or a path that is standard output,
     e.g. /dev/stdout), an open stream, a named pipe or terminal written into, or else a file
@@ -387,7 +387,7 @@ def _output_stream(
     if _is_stdout(Path(output)):
         yield sys.stdout
         return
-    target = check_output(output, overwrite, [input_path], streaming=True)
+    target = check_output(output, overwrite, inputs, streaming=True)
     if is_stream(target):  # never renamed over
         with open(target, "w", encoding="utf-8", newline="\n") as stream:
             yield stream

@@ -91,6 +91,8 @@ class BiLM(nn.Module):
         self.register_buffer("start_state_c", None)
         self._boundary_ids: torch.Tensor  # (2, input_width): the ids of <S> and </S>
         self.register_buffer("_boundary_ids", self.token_ids(self.boundary_tokens), persistent=False)
+        # the files the model was read from (``load``, ``from_pretrained``): outputs never replace them
+        self.source_files: tuple[Path, ...] = ()
 
     # -- inputs --------------------------------------------------------------------------------
     @property
@@ -116,6 +118,7 @@ class BiLM(nn.Module):
         model_cls = StatefulBiLM if stateful else cls
         bilm = model_cls(BiLMOptions.from_file(options_file))
         load_weights(bilm, weight_file)
+        bilm.source_files = (Path(options_file), Path(weight_file))
         return bilm.eval()
 
     @classmethod
@@ -133,11 +136,13 @@ class BiLM(nn.Module):
         ``StatefulBiLM``, which carries states between calls as bilm-tf and AllenNLP do."""
         source = resolve_model(spec, progress=progress)
         if source.kind != "manylangs":
-            return BiLM.load(*source.files(), stateful=stateful)
-        assert source.folder is not None  # an ELMoForManyLangs model is a folder
-        model = read_manylangs(source.folder)
-        bilm = (StatefulBiLM if stateful else BiLM)(model.options, model.inputs)
-        bilm.load_state_dict(model.tensors)
+            bilm = BiLM.load(*source.files(), stateful=stateful)
+        else:
+            assert source.folder is not None  # an ELMoForManyLangs model is a folder
+            model = read_manylangs(source.folder)
+            bilm = (StatefulBiLM if stateful else BiLM)(model.options, model.inputs)
+            bilm.load_state_dict(model.tensors)
+        bilm.source_files = source.input_files()  # its archive too, and the vocabulary, softmax
         return bilm.eval()
 
     def save(self, options_file: str | Path, weight_file: str | Path) -> None:

@@ -11,6 +11,9 @@ kernel ``W_0`` is [input; h] stacked.
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,6 +36,7 @@ __all__ = [
     "START_STATE_DATASETS",
     "UnsafeHDF5Error",
     "WeightFileError",
+    "create_hdf5",
     "has_start_state",
     "load_softmax",
     "load_weights",
@@ -197,6 +201,80 @@ def open_hdf5(path: str | Path, what: str = "weight file") -> h5py.File:
     return handle
 
 
+class _CheckedFile(io.FileIO):
+    """The file under an HDF5 file being written (h5py's fileobj driver): each write is whole
+    or fails, and the first failure is kept. It reaches libhdf5 once, as the exception of the
+    h5py call that wrote, unless the file is being closed; later writes are dropped (the file is
+    lost anyway), since libhdf5 can crash closing a file after failed writes."""
+
+    failure: OSError | None = None
+    closing = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if self.failure is not None:
+            return len(view)
+        done = 0
+        try:
+            while done < len(view):
+                written = super().write(view[done:])
+                if not written:  # nothing taken: the disk is full
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += written
+        except OSError as err:
+            self.failure = err
+            if self.closing:
+                return len(view)
+            raise
+        return done
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.failure is not None:
+            return self.tell() if size is None else size
+        try:
+            return super().truncate(size)
+        except OSError as err:
+            self.failure = err
+            if self.closing:
+                return self.tell() if size is None else size
+            raise
+
+
+@contextmanager
+def create_hdf5(path: str | Path, mode: str = "w", **options: Any) -> Iterator[h5py.File]:
+    """An HDF5 file open for writing (``mode`` "w": a new file, "r+": a change to one), closed
+    when the block ends: every HDF5 file elmokit writes is written here. It is written through
+    a Python file, so a write that fails (a full disk, the file size limit) raises its OSError,
+    once, as ``atomic.atomic_path`` reports it: libhdf5's own writer reported it only from
+    finalizers, as pages of messages, and could crash when the file was closed."""
+    if mode not in ("w", "r+"):
+        raise ValueError(f"mode must be 'w' or 'r+', got {mode!r}")
+    raw = _CheckedFile(path, "w+" if mode == "w" else "r+")
+    try:
+        handle = h5py.File(raw, mode, **options)
+    except BaseException:
+        raw.close()
+        raise
+    try:
+        try:
+            yield handle
+        finally:
+            raw.closing = True
+            try:
+                handle.close()
+            except Exception:
+                if raw.failure is None:
+                    raise
+        if raw.failure is not None:  # found while closing (a chunk cache written out)
+            raise raw.failure
+    except BaseException as err:
+        if raw.failure is not None and raw.failure is not err and not isinstance(err, KeyboardInterrupt):
+            raise raw.failure from None
+        raise
+    finally:
+        raw.close()
+
+
 def _refuse_other_files(root: h5py.Group, path: Path) -> None:
     """Check every link and dataset under ``root`` (each group once: hard links may loop), at
     most ``MAX_HDF5_OBJECTS`` of them (a group's size is read before its links are)."""
@@ -342,7 +420,7 @@ def load_weights(bilm: _WeightedBiLM, weight_file: str | Path) -> None:
 def save_weights(bilm: _WeightedBiLM, weight_file: str | Path) -> None:
     """Write a ``BiLM``'s weights in the original layout (float32, bilm-tf dataset names), and
     its ``start_state`` when it has one."""
-    with atomic_path(weight_file) as tmp, h5py.File(tmp, "w") as handle:
+    with atomic_path(weight_file) as tmp, create_hdf5(tmp) as handle:
         _write(handle, bilm, _bilm_table(bilm.options))
         if bilm.start_state is not None:
             for name, value in zip(START_STATE_DATASETS, bilm.start_state):
@@ -357,7 +435,7 @@ def save_options(options: BiLMOptions, path: str | Path, extra: Mapping[str, Any
 
 def save_softmax(softmax: nn.Module, path: str | Path) -> None:
     """The softmax in its own HDF5 file: softmax/W (vocab, dim), softmax/b (vocab,)."""
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as handle:
+    with atomic_path(path) as tmp, create_hdf5(tmp) as handle:
         _write(handle, softmax, _SOFTMAX_TABLE)
 
 
@@ -382,7 +460,7 @@ def write_start_state(source: str | Path, target: str | Path, state: LstmState) 
     open_hdf5(source).close()  # refuse a file that reads other files before copying it
     with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)
-        with h5py.File(tmp, "r+") as handle:
+        with create_hdf5(tmp, "r+") as handle:
             for name, value in zip(START_STATE_DATASETS, state):
                 if name in handle:
                     del handle[name]

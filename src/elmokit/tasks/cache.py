@@ -25,14 +25,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from .. import __version__, hub
 from ..base.atomic import atomic_path
 from ..embed.embedder import Embedder
 from ..model.int8 import FORM as INT8_FORM
-from ..model.weights import UnsafeHDF5Error, WeightFileError, open_hdf5
+from ..model.weights import UnsafeHDF5Error, WeightFileError, create_hdf5, open_hdf5
 
 FORMAT = "elmokit-task-layers-v2"
 MODE = "warm"
@@ -208,7 +207,7 @@ class LayerCache:
         num_layers, dim = embedder.bilm.num_layers, embedder.dim
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
-            with h5py.File(tmp, "w") as out:
+            with create_hdf5(tmp) as out:
                 # contiguous (no chunks, no compression), so that readers can map it into memory
                 layers = out.create_dataset("layers", shape=(int(offsets[-1]), num_layers, dim), dtype="<f4")
                 out.create_dataset("offsets", data=offsets)

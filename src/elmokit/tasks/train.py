@@ -17,6 +17,7 @@ import math
 import os
 import random
 import re
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..base.atomic import atomic_path, check_outputs_in, write_bytes, write_json
+from ..base.atomic import atomic_path, check_outputs_in, disk_full_reason, write_bytes, write_json
 from ..base.task_data import (
     from_bioes,
     iob1_to_bioes,
@@ -413,8 +414,48 @@ def run_task(
     """Train, early-stop on dev, score dev and test; write ``out/metrics.json``, the model
     (``out/model.safetensors`` + ``out/model.json``) and the dev/test predictions; return the
     metrics. ``command``: the command line to record."""
-    with _threads(config.threads):
+    with _threads(config.threads), _whole_or_nothing(Path(config.out)):
         return _run_task(config, log, command)
+
+
+def _stage(out: Path) -> Path:
+    """The hidden folder in ``out`` where this process writes a run's results, which are moved
+    into ``out`` only when all of them are complete."""
+    return out / f".results.{os.getpid()}.partial"
+
+
+@contextlib.contextmanager
+def _whole_or_nothing(out: Path):
+    """A run that fails (a full disk, bad data, Ctrl-C) leaves ``out`` as it was: its staged
+    results are removed, and ``out`` too if the run made it."""
+    made = not out.exists()
+    try:
+        yield
+    except BaseException as err:
+        shutil.rmtree(_stage(out), ignore_errors=True)
+        if made:
+            try:
+                out.rmdir()
+            except OSError:  # something else was put there meanwhile: it stays
+                pass
+        why = disk_full_reason(err)
+        if why is not None:
+            left = "nothing was left" if made else f"{out} is as it was"
+            raise OSError(f"the results in {out} were not written: {why}; {left}") from None
+        raise
+
+
+def _commit(stage: Path, out: Path, overwrite: bool) -> None:
+    """Move the complete results from ``stage`` into ``out``."""
+    for name in OUTPUT_FILES:
+        if not (stage / name).exists():
+            continue
+        if overwrite:
+            os.replace(stage / name, out / name)
+        else:
+            os.link(stage / name, out / name)  # a file that appeared meanwhile is not replaced
+            (stage / name).unlink()
+    stage.rmdir()
 
 
 @contextlib.contextmanager
@@ -595,11 +636,14 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
     dev_pred = _predict(model, splits["dev"], labels, config)
     test_pred = _predict(model, splits["test"], labels, config)
     dev_scores, test_scores = score(task, dev, dev_pred), score(task, test, test_pred)
-    _write_predictions(out / "dev.predictions.txt", splits["dev"], dev_pred, task, config.overwrite)
-    _write_predictions(out / "test.predictions.txt", splits["test"], test_pred, task, config.overwrite)
+    stage = _stage(out)  # the results appear together, or none of them
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    _write_predictions(stage / "dev.predictions.txt", splits["dev"], dev_pred, task, config.overwrite)
+    _write_predictions(stage / "test.predictions.txt", splits["test"], test_pred, task, config.overwrite)
 
     config_dict = asdict(config)
-    save_model(out, model, config_dict, list(words), labels, elmo_info, config.overwrite)
+    save_model(stage, model, config_dict, list(words), labels, elmo_info, config.overwrite)
     metrics = {
         "task": task,
         "metric": metric,
@@ -632,7 +676,8 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
         "config": config_dict,
         "command": command,
     }
-    write_json(out / "metrics.json", metrics, config.overwrite)
+    write_json(stage / "metrics.json", metrics, config.overwrite)
+    _commit(stage, out, config.overwrite)
     log(
         f"{task} {metric}: dev {metrics['dev']:.2f}, test {metrics['test']:.2f} (best epoch {best_epoch}); "
         f"{metrics['cpu_seconds']:.0f} CPU s, {metrics['wall_seconds']:.0f} wall s -> {out / 'metrics.json'}"

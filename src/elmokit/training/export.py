@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..base.atomic import raise_if_signalled, terminate_raises, write_json
+from ..base.atomic import disk_full, raise_if_signalled, terminate_raises, write_json
 from ..hub import refuse_package_path
 from ..lm.checkpoints import (
     checkpoint_step,
@@ -45,39 +46,82 @@ def export_model(
 ) -> Path:
     """Write options.json + weights.hdf5 (original layout), vocab.txt, softmax.hdf5 and
     training.json of a save dir's "latest" or "best" (lowest held-out perplexity) checkpoint, or
-    of the mean of its newest ``average`` checkpoints."""
-    out = _output_folder(out_dir)
-    model = LanguageModel.from_pretrained(model_dir, device="cpu", checkpoint=checkpoint, average=average)
-    vocab = model.vocab
-    extra = {"bidirectional": True, "n_tokens_vocab": len(vocab), **(extra_options or {})}
-    save_options(model.bilm.options, out / "options.json", extra)
-    save_weights(model.bilm, out / "weights.hdf5")
-    vocab.save(out / "vocab.txt")
-    assert model.softmax is not None  # from_pretrained makes it with the vocabulary
-    save_softmax(model.softmax, out / SOFTMAX_FILE)
-    steps = None
-    if average is not None:
-        steps = [checkpoint_step(p) for p in newest_checkpoints(Path(model_dir), average)]
-    history = training_summary(Path(model_dir), checkpoint, steps)
-    if history is not None:
-        write_json(out / TRAINING_FILE, history)
+    of the mean of its newest ``average`` checkpoints.
+
+    The files are written into a hidden folder inside ``out_dir`` and moved into place only when
+    all of them are complete: after a failure (a full disk, a damaged checkpoint, Ctrl-C)
+    ``out_dir`` is as it was, and removed if this call made it."""
+    out, made = _output_folder(out_dir)
+    with terminate_raises():
+        stage: Path | None = None
+        try:
+            model = LanguageModel.from_pretrained(
+                model_dir, device="cpu", checkpoint=checkpoint, average=average
+            )
+            vocab = model.vocab
+            extra = {"bidirectional": True, "n_tokens_vocab": len(vocab), **(extra_options or {})}
+            steps = None
+            if average is not None:
+                steps = [checkpoint_step(p) for p in newest_checkpoints(Path(model_dir), average)]
+            history = training_summary(Path(model_dir), checkpoint, steps)
+            assert model.softmax is not None  # from_pretrained makes it with the vocabulary
+            softmax = model.softmax
+            writers: list[tuple[str, Callable[[Path], None]]] = [
+                ("options.json", lambda path: save_options(model.bilm.options, path, extra)),
+                ("weights.hdf5", lambda path: save_weights(model.bilm, path)),
+                ("vocab.txt", vocab.save),
+                (SOFTMAX_FILE, lambda path: save_softmax(softmax, path)),
+            ]
+            if history is not None:
+                writers.append((TRAINING_FILE, lambda path: write_json(path, history)))
+            stage = Path(tempfile.mkdtemp(prefix=".export.", suffix=".partial", dir=out))
+            for name, write in writers:
+                try:
+                    write(stage / name)
+                except OSError as err:  # a full disk: named by the file it was to be
+                    full = disk_full(err, out / name)
+                    if full is None:
+                        raise
+                    raise full from None
+            raise_if_signalled()
+            for name, _ in writers:
+                os.replace(stage / name, out / name)
+        except BaseException:
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+            if made:
+                _remove_if_empty(out)
+            raise
+        finally:
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
     return out
 
 
-def _output_folder(path: str | Path) -> Path:
-    """The folder ``path``, made if missing, checked writable and outside the installed package
-    before any work; errors name the problem."""
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # something else was put there meanwhile: it stays
+        pass
+
+
+def _output_folder(path: str | Path) -> tuple[Path, bool]:
+    """The folder ``path``, made if missing (and whether it was made here), checked writable and
+    outside the installed package before any work; errors name the problem."""
     out = Path(path)
     refuse_package_path(out, "output folder")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"output {out} is a file; give a folder to write the model into")
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except PermissionError:
         raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
     if not os.access(out, os.W_OK | os.X_OK):
+        if made:
+            _remove_if_empty(out)
         raise PermissionError(f"cannot write into {out}: the folder is not writable")
-    return out
+    return out, made
 
 
 def check_new_folder(path: str | Path) -> Path:

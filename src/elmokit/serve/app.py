@@ -313,7 +313,8 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             if dimensions is not None and (
                 not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions != model.dim
             ):
-                shown = json.dumps(dimensions)[:20] if isinstance(dimensions, int) else kind_of(dimensions)
+                number = isinstance(dimensions, int) and not isinstance(dimensions, bool)
+                shown = json.dumps(dimensions)[:20] if number else kind_of(dimensions)
                 raise ApiError(
                     400,
                     f"'dimensions' must be {model.dim}, the model's size, got {shown}: an ELMo vector is "

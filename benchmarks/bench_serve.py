@@ -539,32 +539,42 @@ def compare_stacks(
     """Throughput of each of ``--stacks``, interleaved over ``--rounds`` rounds."""
     stacks = args.stacks.split(",")
     runs: dict[str, list[float]] = {s: [] for s in stacks}
+    cpu: dict[str, list[float]] = {s: [] for s in stacks}
     for round_ in range(args.rounds):
         for stack in stacks:
             process, port, lines = start_server(args, model_dir, stack)
             try:
                 warm_up = max(4 * args.clients, len(sentences))
                 asyncio.run(drive(port, sentences, pooled, args.clients, warm_up, 0.0, {}))
+                server_cpu = cpu_seconds(process.pid)
                 run = asyncio.run(
                     drive(port, sentences, pooled, args.clients, args.requests, args.malformed, {})
                 )
+                # the server's CPU per request: less shaken than throughput by a shared machine
+                cpu_ms = 1000 * (cpu_seconds(process.pid) - server_cpu) / run["requests"]
             finally:
                 stop_server(process, lines)
             runs[stack].append(run["good_per_s"])
+            cpu[stack].append(cpu_ms)
             print(
-                f"round {round_ + 1}, {stack}: {run['good_per_s']:,.1f} good requests/s, p50 "
+                f"round {round_ + 1}, {stack}: {run['good_per_s']:,.1f} good requests/s, server CPU "
+                f"{cpu_ms:.2f} ms a request, p50 "
                 f"{run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms, errors {run['errors']}; load average "
                 f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}",
                 flush=True,
             )
     medians = {s: float(np.median(v)) for s, v in runs.items()}
+    cpu_medians = {s: float(np.median(v)) for s, v in cpu.items()}
     print(
         "medians: "
-        + ", ".join(f"{s} {m:,.1f} requests/s" for s, m in medians.items())
+        + ", ".join(
+            f"{s} {m:,.1f} requests/s, {cpu_medians[s]:.2f} ms of server CPU a request"
+            for s, m in medians.items()
+        )
         + (f"; new/old {medians['new'] / medians['old']:.3f}" if {"new", "old"} <= set(medians) else ""),
         flush=True,
     )
-    return {"runs": runs, "medians": medians}
+    return {"runs": runs, "medians": medians, "server_cpu_ms": cpu, "server_cpu_ms_medians": cpu_medians}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@
         [--clients 64] [--requests 4000] [--malformed 0.1] [--memory-requests 100000]
         [--memory-malformed 0.1] [--server-threads N]
         [--threads 2] [--max-batch-tokens 4096] [--max-wait-ms 5] [--device cpu] [--json FILE]
+        [--stacks new] [--rounds 1] [--header-attack]
 
 With random weights in a preset shape (written to a temporary model folder), measures:
 - offline: ``Embedder.embed_sentences`` at batch 64 over the sentences, and one sentence per
@@ -16,11 +17,22 @@ With random weights in a preset shape (written to a temporary model folder), mea
   in the token cache, the steady state of a server). ``--malformed`` of the requests are bad
   (malformed JSON, wrong types, empty input, non-UTF-8, too many tokens) and must be answered
   4xx; every good one must be 200 with the vector of the offline run (mean over tokens of the
-  layers' average, within 1e-4).
+  layers' average, scaled to length 1, within 1e-4).
 
 Prints throughput (good requests/s and tokens/s), p50/p99 latency of good requests, errors
 (a good request not answered correctly, a bad one not 4xx, a connection error), the ratios to
 the offline rates, and the server's RSS after 1,000 requests and at the end.
+
+``--stacks old,new`` measures the server's throughput on each HTTP stack, interleaved over
+``--rounds`` rounds (a fresh server per stack and round): ``new`` is what `elmokit serve` runs
+(httptools within the request-head limits, elmokit.serve.http), ``old`` uvicorn's own httptools
+protocol (no head limits, put back by the launcher), ``h11`` the bounded h11 protocol.
+
+``--header-attack`` starts the server with an API key and sends, from 127.0.0.1 only: 4 requests
+with one 100 MB header and no key (at once), one request of 50,000 headers of 1 KB with the key,
+and 200 connections that send one byte a second (each for at most 20 s); it prints the server's
+RSS when idle and its peak during each part (sampled every 20 ms), the answers, and how long the
+slow connections stayed open.
 """
 
 from __future__ import annotations
@@ -51,6 +63,18 @@ import elmokit
 from elmokit.model.options import preset
 
 MODEL = "bench"
+API_KEY = "bench-key"
+# the launcher of the other stacks: `python -c LAUNCHER serve ...`, with elmokit.serve.http.protocol
+# replaced before the command runs (serve() looks it up when it starts uvicorn)
+LAUNCHER = (
+    "import sys; import elmokit.serve.http as h; bounded = h.protocol; "
+    "h.protocol = {replace}; from elmokit.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+STACKS = {
+    "new": None,
+    "old": LAUNCHER.format(replace="lambda http, head: 'httptools'"),
+    "h11": LAUNCHER.format(replace="lambda http, head: bounded('h11', head)"),
+}
 
 
 def read_sentences(patterns: str, n: int) -> list[str]:
@@ -69,7 +93,8 @@ def offline(model_dir: Path, sentences: list[str], device: str, one_per_call: in
     start = time.perf_counter()
     arrays = list(embedder.embed_sentences(tokens))
     batch_seconds = time.perf_counter() - start
-    pooled = [a.astype(np.float64).mean(axis=0).mean(axis=0) for a in arrays]
+    means = [a.astype(np.float64).mean(axis=0).mean(axis=0) for a in arrays]
+    pooled = [m / np.linalg.norm(m) for m in means]  # /v1/embeddings gives unit vectors
     few = tokens[:one_per_call]
     for s in few[:10]:
         embedder.embed_sentence(s)
@@ -88,12 +113,15 @@ def offline(model_dir: Path, sentences: list[str], device: str, one_per_call: in
 
 
 # -- the server ----------------------------------------------------------------------------------
-def start_server(args: argparse.Namespace, model_dir: Path) -> tuple[subprocess.Popen, int, list[str]]:
-    """`elmokit serve` on a free port; (process, port, its stderr lines, kept up to date)."""
+def start_server(
+    args: argparse.Namespace, model_dir: Path, stack: str = "new", api_key: str | None = None
+) -> tuple[subprocess.Popen, int, list[str]]:
+    """`elmokit serve` on a free port, on an HTTP ``stack`` of ``STACKS``; (process, port, its
+    stderr lines, kept up to date)."""
+    launcher = STACKS[stack]
     cmd = [
         sys.executable,
-        "-m",
-        "elmokit.cli",
+        *(["-m", "elmokit.cli"] if launcher is None else ["-c", launcher]),
         "serve",
         "--model",
         f"{MODEL}={model_dir}",
@@ -113,6 +141,8 @@ def start_server(args: argparse.Namespace, model_dir: Path) -> tuple[subprocess.
     if args.workers > 1:
         cmd += ["--workers", str(args.workers)]
     env = thread_env(args.server_threads or args.threads)
+    if api_key:
+        env["ELMOKIT_API_KEY"] = api_key
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[str] = []
     assert process.stderr is not None
@@ -351,7 +381,200 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument(
+        "--stacks",
+        default="new",
+        help="comma list of HTTP stacks to measure, interleaved: new (default), old, h11",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="rounds of --stacks (a fresh server each)")
+    p.add_argument(
+        "--header-attack", action="store_true", help="the header attack and the server's RSS (no throughput)"
+    )
     return p.parse_args(argv)
+
+
+# -- the header attack ---------------------------------------------------------------------------
+class PeakRss:
+    """The peak RSS of a process, sampled every 20 ms in a thread while in the ``with`` block."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+
+    def __enter__(self) -> PeakRss:
+        def sample() -> None:
+            while not self._stop.wait(0.02):
+                self.peak = max(self.peak, rss_mb(self.pid))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mb(self.pid))
+
+
+def _status(answer: bytes) -> str:
+    return answer.split(b"\r\n", 1)[0].decode("latin-1") if answer else "(closed, no answer)"
+
+
+def send_until_closed(port: int, head: bytes, body_source, total: int) -> str:
+    """Send ``head``, ``total`` bytes from ``body_source(n)`` in chunks of 64 KiB and the end of
+    the headers, until the server answers or closes; the answer's status line."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        try:
+            conn.sendall(head)
+            sent = 0
+            while sent < total:
+                chunk = body_source(min(65536, total - sent))
+                conn.sendall(chunk)
+                sent += len(chunk)
+            conn.sendall(b"\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            return _status(conn.recv(4096))
+        except ConnectionResetError:
+            return "(reset)"
+        except TimeoutError:
+            return "(no answer in 60 s)"
+
+
+def header_attack(port: int, pid: int) -> dict[str, Any]:
+    """The three attacks of the docstring, one after the other; RSS idle and at each peak."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    time.sleep(1.0)
+    figures: dict[str, Any] = {"idle_rss_mb": rss_mb(pid)}
+    print(f"header attack: server RSS idle {figures['idle_rss_mb']:.0f} MB", flush=True)
+
+    big_head = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+    filler = b"a" * 65536
+    with PeakRss(pid) as peak, ThreadPoolExecutor(4) as pool:
+        start = time.perf_counter()
+        answers = list(
+            pool.map(lambda _: send_until_closed(port, big_head, lambda n: filler[:n], 100 << 20), range(4))
+        )
+    figures["big_header"] = {
+        "answers": answers,
+        "peak_rss_mb": peak.peak,
+        "seconds": time.perf_counter() - start,
+    }
+    print(
+        f"  4 requests with one 100 MB header, no key: {answers}; peak RSS {peak.peak:.0f} MB "
+        f"(+{peak.peak - figures['idle_rss_mb']:.0f} MB)",
+        flush=True,
+    )
+
+    many_head = f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n".encode()
+    line = b"X-H: " + b"h" * 1017 + b"\r\n"  # 1 KB a header
+    lines = line * 64
+    with PeakRss(pid) as peak:
+        answer = send_until_closed(port, many_head, lambda n: lines[:n], 50_000 * len(line))
+    figures["many_headers"] = {"answer": answer, "peak_rss_mb": peak.peak}
+    print(
+        f"  50,000 headers of 1 KB with the key: {answer}; peak RSS {peak.peak:.0f} MB "
+        f"(+{peak.peak - figures['idle_rss_mb']:.0f} MB)",
+        flush=True,
+    )
+
+    def slow() -> tuple[float, str]:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            start = time.monotonic()
+            request = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"s" * 100
+            answer = b""
+            for byte in request[:20]:  # one byte a second, 20 s at most
+                try:
+                    conn.sendall(bytes([byte]))
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                conn.settimeout(1.0)
+                try:
+                    answer = conn.recv(4096)
+                    break  # answered or closed
+                except TimeoutError:
+                    continue
+                except ConnectionResetError:
+                    break
+            return time.monotonic() - start, _status(answer)
+
+    with PeakRss(pid) as peak, ThreadPoolExecutor(200) as pool:
+        results = list(pool.map(lambda _: slow(), range(200)))
+    open_for = sorted(r[0] for r in results)
+    figures["slow"] = {
+        "answers": sorted({r[1] for r in results}),
+        "open_seconds_max": open_for[-1],
+        "open_seconds_median": open_for[len(open_for) // 2],
+        "peak_rss_mb": peak.peak,
+    }
+    print(
+        f"  200 connections sending a byte a second: answers {figures['slow']['answers']}; open for "
+        f"{open_for[len(open_for) // 2]:.1f} s (median), {open_for[-1]:.1f} s at most; peak RSS "
+        f"{peak.peak:.0f} MB (+{peak.peak - figures['idle_rss_mb']:.0f} MB)",
+        flush=True,
+    )
+    figures["after_rss_mb"] = rss_mb(pid)
+    return figures
+
+
+def stop_server(process: subprocess.Popen, lines: list[str]) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        code = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        code = process.wait()
+    if code != 0:
+        print("".join(lines[-20:]), file=sys.stderr)
+    return code
+
+
+def compare_stacks(
+    args: argparse.Namespace, model_dir: Path, sentences: list[str], pooled: list[np.ndarray]
+) -> dict[str, Any]:
+    """Throughput of each of ``--stacks``, interleaved over ``--rounds`` rounds."""
+    stacks = args.stacks.split(",")
+    runs: dict[str, list[float]] = {s: [] for s in stacks}
+    cpu: dict[str, list[float]] = {s: [] for s in stacks}
+    for round_ in range(args.rounds):
+        for stack in stacks:
+            process, port, lines = start_server(args, model_dir, stack)
+            try:
+                warm_up = max(4 * args.clients, len(sentences))
+                asyncio.run(drive(port, sentences, pooled, args.clients, warm_up, 0.0, {}))
+                server_cpu = cpu_seconds(process.pid)
+                run = asyncio.run(
+                    drive(port, sentences, pooled, args.clients, args.requests, args.malformed, {})
+                )
+                # the server's CPU per request: less shaken than throughput by a shared machine
+                cpu_ms = 1000 * (cpu_seconds(process.pid) - server_cpu) / run["requests"]
+            finally:
+                stop_server(process, lines)
+            runs[stack].append(run["good_per_s"])
+            cpu[stack].append(cpu_ms)
+            print(
+                f"round {round_ + 1}, {stack}: {run['good_per_s']:,.1f} good requests/s, server CPU "
+                f"{cpu_ms:.2f} ms a request, p50 "
+                f"{run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms, errors {run['errors']}; load average "
+                f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}",
+                flush=True,
+            )
+    medians = {s: float(np.median(v)) for s, v in runs.items()}
+    cpu_medians = {s: float(np.median(v)) for s, v in cpu.items()}
+    print(
+        "medians: "
+        + ", ".join(
+            f"{s} {m:,.1f} requests/s, {cpu_medians[s]:.2f} ms of server CPU a request"
+            for s, m in medians.items()
+        )
+        + (f"; new/old {medians['new'] / medians['old']:.3f}" if {"new", "old"} <= set(medians) else ""),
+        flush=True,
+    )
+    return {"runs": runs, "medians": medians, "server_cpu_ms": cpu, "server_cpu_ms_medians": cpu_medians}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -392,8 +615,24 @@ def main(argv: list[str] | None = None) -> None:
         model_dir = Path(tmp) / args.shape
         model_dir.mkdir()
         elmokit.BiLM(preset(args.shape)).save(model_dir / "options.json", model_dir / "weights.hdf5")
+        if args.header_attack:
+            for stack in args.stacks.split(","):
+                process, port, lines = start_server(args, model_dir, stack, api_key=API_KEY)
+                try:
+                    print(f"stack {stack}:", flush=True)
+                    report[f"header_attack_{stack}"] = header_attack(port, process.pid)
+                finally:
+                    stop_server(process, lines)
+            if args.json:
+                Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+            return
         base = offline(model_dir, sentences, args.device, args.one_per_call)
         pooled = base.pop("pooled")
+        if args.stacks != "new" or args.rounds > 1:
+            report["stacks"] = compare_stacks(args, model_dir, sentences, pooled)
+            if args.json:
+                Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+            return
         report["offline"] = base
         print(
             f"offline Embedder: batch 64 {base['batch64_sentences_per_s']:,.1f} sentences/s "

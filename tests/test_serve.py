@@ -107,8 +107,9 @@ def _metric(text: str, name: str, **labels) -> float:
 
 def _pooled(array: np.ndarray) -> np.ndarray:
     """/v1/embeddings's vector from the Embedder's (layers, tokens, dim): the mean over tokens
-    of the layers' average."""
-    return array.astype(np.float64).mean(axis=0).mean(axis=0)
+    of the layers' average, scaled to length 1."""
+    mean = array.astype(np.float64).mean(axis=0).mean(axis=0)
+    return mean / np.linalg.norm(mean)
 
 
 def _error(response) -> str:
@@ -360,7 +361,7 @@ def test_unknown_paths_and_methods_are_json_errors(tiny):
         assert client.get("/nope").status_code == 404 and "Not Found" in _error(client.get("/nope"))
         wrong = client.get("/v1/embeddings")
         assert wrong.status_code == 405 and "Method Not Allowed" in _error(wrong)
-        for hidden in ("/docs", "/openapi.json", "/redoc"):
+        for hidden in ("/docs", "/redoc"):  # no interactive docs; the schema is served (/openapi.json)
             assert client.get(hidden).status_code == 404
 
 

@@ -760,6 +760,8 @@ def serve_command(args: argparse.Namespace) -> int:
         max_request_tokens=args.max_request_tokens,
         max_queue=args.max_queue,
         max_response_values=args.max_response_values,
+        max_header_bytes=args.max_header_bytes,
+        max_headers=args.max_headers,
     )
     config = ServeConfig(
         models=tuple(args.model or [DEFAULT_MODEL]),
@@ -769,6 +771,8 @@ def serve_command(args: argparse.Namespace) -> int:
         tokenize=args.tokenize,
         threads=args.threads,
         limits=limits,
+        header_timeout=args.header_timeout,
+        truncate=args.truncate,
     )
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     server_log = logging.getLogger("elmokit.serve")  # a server's log is its output: INFO shown
@@ -1235,8 +1239,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve models over HTTP: OpenAI-compatible /v1/embeddings, /embed, /score, /substitutes",
         description="Serve models over HTTP, batching concurrent requests (warm mode: a sentence's "
         "vectors do not depend on its batch). Endpoints: POST /v1/embeddings, /embed, /score, "
-        "/substitutes; GET /v1/models, /health, /ready, /metrics. Requests can name only the "
-        "models loaded here. SIGTERM stops accepting, answers the requests in flight and exits 0.",
+        "/substitutes, /tokenize; GET /v1/models, /info, /health, /ready, /metrics, /openapi.json. "
+        "Requests can name only the models loaded here. SIGTERM stops accepting, answers the "
+        "requests in flight and exits 0.",
     )
     p.add_argument(
         "--model",
@@ -1297,6 +1302,29 @@ def build_parser() -> argparse.ArgumentParser:
         type=_ranged(int, low=1),
         default=4_000_000,
         help="/embed: numbers in one answer (tokens x layers x dim; default 4,000,000)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=_ranged(int, low=1),
+        default=32 * 1024,
+        help="a request's line and headers, in bytes (default 32768); past it 431",
+    )
+    p.add_argument(
+        "--max-headers",
+        type=_ranged(int, low=1),
+        default=100,
+        help="headers per request (default 100); past it 431",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=_ranged(float, low=0),
+        default=5.0,
+        help="seconds a request's headers may take to arrive (default 5); past it 408",
+    )
+    p.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut long inputs to the limits instead of a 413 (a request's 'truncate' overrides it)",
     )
     p.add_argument(
         "--tokenize",

@@ -2,8 +2,8 @@
 
 Endpoints: ``POST /v1/embeddings`` (OpenAI-compatible: one pooled vector per input), ``POST /embed``
 (token-level vectors, the numbers of ``Embedder``), ``POST /score`` and ``POST /substitutes`` (the
-language model, for models with a softmax), ``GET /v1/models``, ``GET /health``, ``GET /ready``
-and ``GET /metrics`` (Prometheus text).
+language model, for models with a softmax), ``POST /tokenize``, ``GET /v1/models``, ``GET /info``,
+``GET /health``, ``GET /ready``, ``GET /metrics`` (Prometheus text) and ``GET /openapi.json``.
 
 Concurrent embedding requests of a model wait in one bounded queue; its worker takes what is
 queued (up to ``max_batch_tokens`` tokens, waiting at most ``max_wait_ms`` for more) and embeds
@@ -16,7 +16,8 @@ imports it. It needs the ``serve`` extra (Starlette, uvicorn, prometheus-client)
 
 Modules: ``config`` (what the server is started with, the models it loads), ``limits`` (reading
 and checking requests, the JSON errors), ``batcher`` (the queue and worker of each model, the
-metrics), ``app`` (the endpoints, the API key, running the server).
+metrics), ``app`` (the endpoints, the API key, running the server), ``http`` (uvicorn's HTTP
+protocols within the limits on a request's head), ``openapi`` (the API's schema).
 """
 
 from __future__ import annotations

@@ -9,11 +9,15 @@ import hmac
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
+import uuid
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import prometheus_client as prom
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,10 +26,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .._version import __version__
 from ..embed.vectors_file import output_array, select_layers
 from .batcher import Batcher, Metrics
-from .config import API_KEY_ENV, CONFIG_ENV, ServeConfig, ServedModel, load_models
+from .config import API_KEY_ENV, CONFIG_ENV, Limits, ServeConfig, ServedModel, load_models
 from .limits import (
+    REQUEST_ID,
     RETRY,
     ApiError,
     ClientGone,
@@ -47,8 +53,11 @@ __all__ = [
     "POOLED_LAYERS",
     "create_app",
     "create_app_from_env",
+    "info",
     "is_loopback",
+    "openapi",
     "serve",
+    "tokenize",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,18 +72,25 @@ ENDPOINTS = (
     "/health",
     "/ready",
     "/metrics",
+    "/info",
+    "/tokenize",
+    "/openapi.json",
 )
 POOLED_LAYERS = ("average", "top")  # /v1/embeddings: one vector per input
 ENCODINGS = ("float", "base64")
 MAX_K = 1000  # /substitutes: words listed per direction
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")  # an x-request-id taken as it is
 
 
 class _Guard:
-    """ASGI middleware of every HTTP request: the API key (all paths but /health) and the
-    request metrics (the endpoint label is one of ``ENDPOINTS`` or "other")."""
+    """ASGI middleware of every HTTP request: its id (``x-request-id``: the client's when sane,
+    else a new one; in every answer, error bodies and log lines), the size and number of its
+    headers (431 past the limits; the HTTP protocol already bounds what it reads), the API key
+    (all paths but /health), the timing headers and the request metrics (the endpoint label is
+    one of ``ENDPOINTS`` or "other")."""
 
-    def __init__(self, app, api_key: str | None, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, api_key: str | None, metrics: Metrics, limits: Limits) -> None:
+        self.app, self.metrics, self.limits = app, metrics, limits
         self.key = api_key.encode() if api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -84,15 +100,31 @@ class _Guard:
         path = scope["path"]
         endpoint = path if path in ENDPOINTS else "other"
         start, status = time.perf_counter(), [500]
+        headers = scope["headers"]
+        given = [v for k, v in headers if k == b"x-request-id"]
+        sane = len(given) == 1 and _SANE_ID.fullmatch(given[0])
+        request_id = given[0].decode() if sane else uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        token = REQUEST_ID.set(request_id)
         self.metrics.in_flight.labels(endpoint).inc()
 
         async def sending(message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                extra = [(b"x-request-id", request_id.encode())]
+                for name in ("queue", "inference"):
+                    seconds = state.get(f"{name}_seconds")
+                    if seconds is not None:  # milliseconds, as TEI gives them
+                        extra.append((f"x-{name}-time".encode(), f"{1000 * seconds:.3f}".encode()))
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         try:
-            if self.key is not None and path not in OPEN_PATHS and not self._authorized(scope, self.key):
+            too_large = self._too_large(headers)
+            if too_large:
+                await error_response(431, too_large)(scope, receive, sending)
+            elif self.key is not None and path not in OPEN_PATHS and not self._authorized(scope, self.key):
                 refusal = error_response(
                     401,
                     "this server needs an API key: send the header 'Authorization: Bearer KEY'",
@@ -102,9 +134,23 @@ class _Guard:
             else:
                 await self.app(scope, receive, sending)
         finally:
+            REQUEST_ID.reset(token)
             self.metrics.in_flight.labels(endpoint).dec()
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+            if status[0] >= 400:
+                log.debug("request %s: %s %s answered %d", request_id, scope["method"], path, status[0])
+
+    def _too_large(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """Why the request's headers are refused (431), or None."""
+        if len(headers) > self.limits.max_headers:
+            return f"the request has more than {self.limits.max_headers} headers"
+        if sum(len(k) + len(v) + 4 for k, v in headers) > self.limits.max_header_bytes:
+            return (
+                f"the request's headers are larger than {self.limits.max_header_bytes:,} bytes, "
+                "the most this server reads"
+            )
+        return None
 
     @staticmethod
     def _authorized(scope, key: bytes) -> bool:
@@ -117,62 +163,140 @@ class _Guard:
 
 
 # -- the app ------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Service:
+    """What the handlers of one app read (``request.app.state.service``): the models, their
+    batchers (from the app's start to its stop) and the configuration."""
+
+    models: list[ServedModel]
+    config: ServeConfig
+    metrics: Metrics
+    ready: bool = False
+    batchers: dict[str, Batcher] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_name = {m.name: m for m in self.models}
+        self.inputs = Inputs(self.config.limits, self.config.tokenize)
+
+    def chosen(self, data: dict, scoring: bool = False) -> tuple[ServedModel, Batcher]:
+        """The model a request names (the first one served when it names none) and its batcher."""
+        name = data.get("model")
+        if name is None:
+            name = self.models[0].name
+        if not isinstance(name, str):
+            raise ApiError(400, f"'model' must be a string, got {kind_of(name)}", "model")
+        if name not in self.by_name:  # only the models loaded at start: never a path or URL
+            raise ApiError(
+                404,
+                f"model {json.dumps(name)[:80]} is not served here; served: {', '.join(self.by_name)}",
+                "model",
+            )
+        model = self.by_name[name]
+        if scoring and model.language_model is None:
+            raise ApiError(400, f"model {name} has no softmax: it cannot score or predict words", "model")
+        if not self.ready:
+            raise ApiError(503, "the server is not ready", headers=RETRY)
+        return model, self.batchers[name]
+
+    def truncate(self, data: dict) -> bool:
+        """A request's ``truncate`` (true or false), else the server's ``--truncate``."""
+        value = data.get("truncate")
+        if value is None:
+            return self.config.truncate
+        if not isinstance(value, bool):
+            raise ApiError(400, f"'truncate' must be true or false, got {kind_of(value)}", "truncate")
+        return value
+
+    def info(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "version": __version__,
+            "models": [
+                {
+                    "id": m.name,
+                    "dimensions": m.dim,
+                    "layers": m.num_layers,
+                    "softmax": m.language_model is not None,
+                }
+                for m in self.models
+            ],
+            "limits": {**asdict(config.limits), "header_timeout_seconds": config.header_timeout},
+            "max_batch_tokens": config.max_batch_tokens,
+            "max_wait_ms": config.max_wait_ms,
+            "tokenize": config.tokenize,
+            "truncate": config.truncate,
+        }
+
+
+async def _answer(call, in_thread: bool = False) -> Response:
+    """Run a handler body, turning refusals into JSON errors; ``in_thread`` renders the JSON
+    on a thread (a large answer does not hold up the event loop)."""
+    try:
+        body = await call()
+        return await asyncio.to_thread(JSONResponse, body) if in_thread else JSONResponse(body)
+    except ApiError as err:
+        return err.response()
+    except (ClientGone, ClientDisconnect):  # nobody is left to answer
+        return Response(status_code=499)
+    except ValueError as err:  # a check of the model library the parsing above missed
+        return error_response(400, str(err))
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    """``vector`` scaled to length 1 (float32); all zeros stays zeros."""
+    norm = float(np.linalg.norm(vector.astype(np.float64)))
+    return (vector.astype(np.float64) / norm).astype(np.float32) if norm > 0 else vector
+
+
+async def info(request: Request) -> Response:
+    """GET /info: the version, the models (dimensions, layers, softmax) and the limits."""
+    return JSONResponse(request.app.state.service.info())
+
+
+async def tokenize(request: Request) -> Response:
+    """POST /tokenize: the tokens each input becomes, as the embedding endpoints split and check it."""
+    service: _Service = request.app.state.service
+
+    async def run() -> dict:
+        data = await read_json(request, service.config.limits)
+        model, _ = service.chosen(data)
+        sentences = service.inputs.sentences(data.get("input"), "input", service.truncate(data))
+        return {"model": model.name, "tokens": sentences, "count": [len(s) for s in sentences]}
+
+    return await _answer(run)
+
+
+async def openapi(request: Request) -> Response:
+    """GET /openapi.json: the API's OpenAPI schema (docs/openapi.json)."""
+    from .openapi import schema
+
+    return JSONResponse(schema())
+
+
 def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | None = None) -> Starlette:
     """The ASGI app serving ``models`` (loaded and warmed up). ``api_key``: required as
     ``Authorization: Bearer`` on every endpoint but /health."""
     if not models:
         raise ValueError("no model to serve")
-    by_name = {m.name: m for m in models}
-    limits, inputs = config.limits, Inputs(config.limits, config.tokenize)
     metrics = Metrics()
-    state: dict[str, Any] = {"ready": False, "batchers": {}}
+    service = _Service(models, config, metrics)
+    by_name, limits, inputs = service.by_name, config.limits, service.inputs
     created = int(time.time())
+    chosen, answer = service.chosen, _answer
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        batchers = state["batchers"] = {m.name: Batcher(m, config, metrics) for m in models}
+        batchers = service.batchers = {m.name: Batcher(m, config, metrics) for m in models}
         for batcher in batchers.values():
             batcher.start()
-        state["ready"] = True
+        service.ready = True
         log.info("ready: %s", ", ".join(by_name))
         try:
             yield
         finally:
-            state["ready"] = False
+            service.ready = False
             for batcher in batchers.values():
                 await batcher.stop()
-
-    def chosen(data: dict, scoring: bool = False) -> tuple[ServedModel, Batcher]:
-        name = data.get("model")
-        if name is None:
-            name = models[0].name
-        if not isinstance(name, str):
-            raise ApiError(400, f"'model' must be a string, got {kind_of(name)}", "model")
-        if name not in by_name:  # only the models loaded at start: never a path or URL
-            raise ApiError(
-                404,
-                f"model {json.dumps(name)[:80]} is not served here; served: {', '.join(by_name)}",
-                "model",
-            )
-        model = by_name[name]
-        if scoring and model.language_model is None:
-            raise ApiError(400, f"model {name} has no softmax: it cannot score or predict words", "model")
-        if not state["ready"]:
-            raise ApiError(503, "the server is not ready", headers=RETRY)
-        return model, state["batchers"][name]
-
-    async def answer(call, in_thread: bool = False) -> Response:
-        """Run a handler body, turning refusals into JSON errors; ``in_thread`` renders the JSON
-        on a thread (a large answer does not hold up the event loop)."""
-        try:
-            body = await call()
-            return await asyncio.to_thread(JSONResponse, body) if in_thread else JSONResponse(body)
-        except ApiError as err:
-            return err.response()
-        except (ClientGone, ClientDisconnect):  # nobody is left to answer
-            return Response(status_code=499)
-        except ValueError as err:  # a check of the model library the parsing above missed
-            return error_response(400, str(err))
 
     async def embeddings(request: Request) -> Response:
         async def run() -> dict:
@@ -180,25 +304,36 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             model, batcher = chosen(data)
             encoding = choice(data, "encoding_format", ENCODINGS, "float")
             layers = choice(data, "layers", POOLED_LAYERS, "average")
+            normalize = data.get("normalize", True)
+            if not isinstance(normalize, bool):
+                raise ApiError(
+                    400, f"'normalize' must be true or false, got {kind_of(normalize)}", "normalize"
+                )
             dimensions = data.get("dimensions")
-            if dimensions is not None and dimensions != model.dim:
+            if dimensions is not None and (
+                not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions != model.dim
+            ):
+                number = isinstance(dimensions, int) and not isinstance(dimensions, bool)
+                shown = json.dumps(dimensions)[:20] if number else kind_of(dimensions)
                 raise ApiError(
                     400,
-                    f"'dimensions' must be {model.dim} (the model's), got {json.dumps(dimensions)[:20]}",
+                    f"'dimensions' must be {model.dim}, the model's size, got {shown}: an ELMo vector is "
+                    "a forward half and a backward half, not a prefix that can be cut shorter",
                     "dimensions",
                 )
-            sentences = inputs.sentences(data.get("input"), "input")
+            sentences = inputs.sentences(data.get("input"), "input", service.truncate(data))
             arrays = await batcher.embed(sentences, request)
             n = sum(len(s) for s in sentences)
+            pooled = [output_array(a, layers, "mean") for a in arrays]
             return {
                 "object": "list",
                 "data": [
                     {
                         "object": "embedding",
                         "index": i,
-                        "embedding": encode(output_array(a, layers, "mean"), encoding),
+                        "embedding": encode(_unit(v) if normalize else v, encoding),
                     }
-                    for i, a in enumerate(arrays)
+                    for i, v in enumerate(pooled)
                 ],
                 "model": model.name,
                 "usage": {"prompt_tokens": n, "total_tokens": n},
@@ -212,7 +347,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
             model, batcher = chosen(data)
             layers = choice(data, "layers", ("all", "top", "average"), "all")
             encoding = choice(data, "encoding_format", ENCODINGS, "float")
-            sentences = inputs.sentences(data.get("sentences"), "sentences")
+            sentences = inputs.sentences(data.get("sentences"), "sentences", service.truncate(data))
             values = sum(len(s) for s in sentences) * model.dim * (model.num_layers if layers == "all" else 1)
             if values > limits.max_response_values:
                 raise ApiError(
@@ -290,7 +425,7 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
         return JSONResponse({"status": "ok"})
 
     async def ready(request: Request) -> Response:
-        if not state["ready"]:
+        if not service.ready:
             return error_response(
                 503, "not ready: the models are loading or the server is stopping", headers=RETRY
             )
@@ -306,8 +441,18 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
         )
 
     async def server_error(request: Request, err: Exception) -> Response:
-        log.error("internal error on %s", request.url.path, exc_info=err)
-        return error_response(500, "internal error; the server log has its details")
+        # outside the guard (Starlette's outermost layer): the request id is read from its state
+        request_id = getattr(request.state, "request_id", None)
+        log.error("internal error on %s (request %s)", request.url.path, request_id, exc_info=err)
+        token = REQUEST_ID.set(request_id)
+        try:
+            return error_response(
+                500,
+                "internal error; the server log has its details",
+                headers={"x-request-id": request_id} if request_id else None,
+            )
+        finally:
+            REQUEST_ID.reset(token)
 
     # Starlette itself, not FastAPI: each handler reads its own request, and FastAPI's layers
     # (dependency solving, its telemetry and body-limit middleware) took more than a third of the
@@ -321,13 +466,18 @@ def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | No
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
+        Route("/info", info, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
-        middleware=[Middleware(_Guard, api_key=api_key, metrics=metrics)],
+        middleware=[Middleware(_Guard, api_key=api_key, metrics=metrics, limits=limits)],
         exception_handlers={StarletteHTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+    app.state.service = service
+    return app
 
 
 def create_app_from_env() -> Starlette:
@@ -352,15 +502,20 @@ def serve(
     workers: int = 1,
     drain_seconds: float = 30.0,
     worker_factory: str = "elmokit.serve.app:create_app_from_env",
+    http: str = "auto",
 ) -> None:
     """Load the models, listen on ``host:port`` (0: a free port, logged) and serve until
     SIGTERM or SIGINT, which stop accepting, answer the requests in flight (for at most
     ``drain_seconds``) and return. ``workers`` > 1: that many processes, each of which builds
     its app with ``worker_factory`` ("module:function", what uvicorn imports; the command line
-    passes one that sets up logging in the new process first)."""
+    passes one that sets up logging in the new process first). ``http``: the HTTP parser, "auto"
+    (httptools where installed, else h11), "httptools" or "h11", each within the request-head
+    limits (``elmokit.serve.http``)."""
     import socket
 
     import uvicorn
+
+    from . import http as bounded
 
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
@@ -376,14 +531,24 @@ def serve(
         raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     # bound now, so that a port in use is an error before the models load; uvicorn listens on it
     # once they are loaded and warmed up (until then a connection is refused, not left waiting)
+    limits = config.limits
+    head = bounded.HeadLimits(limits.max_header_bytes, limits.max_headers, config.header_timeout)
     options: dict[str, Any] = {
         "timeout_graceful_shutdown": drain_seconds,
         "log_level": "info",
         "access_log": False,
         "lifespan": "on",
+        "http": bounded.protocol(http, head),
+        "h11_max_incomplete_event_size": limits.max_header_bytes,  # under h11: its own stop too
     }
     bound = sock.getsockname()[1]
     _log_http_stack()
+    log.info(
+        "request heads: at most %d bytes and %d headers, within %g s",
+        head.max_bytes,
+        head.max_count,
+        head.timeout,
+    )
     stopped_by: list[int] = []
     replayed = _note_signals(stopped_by)
     try:

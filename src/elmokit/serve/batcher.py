@@ -34,6 +34,9 @@ class _Job:
     sentences: list[list[str]] | None = None
     call: Callable[[], Any] | None = None
     tokens: int = 0
+    queued: float = 0.0  # perf_counter times: queued, its batch started and ended
+    started: float = 0.0
+    ended: float = 0.0
 
 
 class Batcher:
@@ -86,6 +89,7 @@ class Batcher:
                 f"(the queue holds {self.max_queue}); retry later",
                 headers=RETRY,
             )
+        job.queued = time.perf_counter()
         self.queue.append(job)
         self.metrics.queue_depth.labels(self.model.name).set(len(self.queue))
         self._wakeup.set()
@@ -93,7 +97,11 @@ class Batcher:
         try:
             await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
             if job.future.done():
-                return job.future.result()
+                result = job.future.result()
+                # the x-queue-time and x-inference-time headers (the app's guard sends them)
+                request.state.queue_seconds = job.started - job.queued
+                request.state.inference_seconds = job.ended - job.started
+                return result
             # the client left: drop its work if it has not started (a running batch finishes)
             with contextlib.suppress(ValueError):
                 self.queue.remove(job)
@@ -158,6 +166,9 @@ class Batcher:
 
     async def _execute(self, jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
         name = self.model.name
+        started = time.perf_counter()
+        for job in jobs:
+            job.started = started
         if jobs[0].call is not None:
             results: list[Any] = [await _run_on(loop, self._executor, jobs[0].call)]
         else:
@@ -180,7 +191,9 @@ class Batcher:
                     at += n
             else:
                 results = [outcome]
+        ended = time.perf_counter()
         for job, result in zip(jobs, results):
+            job.ended = ended
             if job.future.done():
                 continue
             if isinstance(result, BaseException):

@@ -47,6 +47,8 @@ class Limits:
     max_request_tokens: int = 16384  # tokens per request, all sentences together
     max_queue: int = 1024  # requests waiting for a model's worker
     max_response_values: int = 4_000_000  # /embed: numbers in one answer (16 MB as float32)
+    max_header_bytes: int = 32 * 1024  # a request's line and headers together; past it 431
+    max_headers: int = 100  # header lines per request; past it 431
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -66,6 +68,8 @@ class ServeConfig:
     tokenize: bool = False
     threads: int | None = None
     limits: Limits = field(default_factory=Limits)
+    header_timeout: float = 5.0  # seconds from a request's first byte to the end of its headers
+    truncate: bool = False  # cut long inputs to the limits instead of a 413 (a request's `truncate` wins)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -76,6 +80,8 @@ class ServeConfig:
             raise ValueError(f"--max-wait-ms must be between 0 and 10000, got {self.max_wait_ms}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
+        if not 0 < self.header_timeout <= 3600:
+            raise ValueError(f"--header-timeout must be above 0 and at most 3600, got {self.header_timeout}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,11 @@ __all__ = [
     "ClientGone",
     "Inputs",
     "RETRY",
+    "REQUEST_ID",
     "check_text",
     "choice",
     "encode",
+    "error_body",
     "error_response",
     "flag",
     "integer",
@@ -30,13 +33,20 @@ __all__ = [
 ]
 
 RETRY = {"Retry-After": "1"}  # sent with every 503
+REQUEST_ID: ContextVar[str | None] = ContextVar("elmokit_request_id", default=None)  # set by the app's guard
 
 
 # -- errors -------------------------------------------------------------------------------------
 class ApiError(Exception):
     """A request refused: its HTTP status and the one-line message of its JSON error."""
 
-    KINDS = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large", 503: "overloaded"}
+    KINDS = {
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        431: "request_too_large",
+        503: "overloaded",
+    }
 
     def __init__(
         self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
@@ -51,10 +61,19 @@ class ApiError(Exception):
 def error_response(
     status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    """The JSON error of every refusal, in the OpenAI layout: {"error": {message, type, param, code}}."""
+    """The JSON error of every refusal (``error_body``)."""
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON of every refusal, in the OpenAI layout, {"error": {message, type, param, code}},
+    with the request's id (``request_id``) when the app's guard has given it one."""
     kind = ApiError.KINDS.get(status, "invalid_request_error" if status < 500 else "server_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    error: dict[str, Any] = {"message": message, "type": kind, "param": param, "code": status}
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        error["request_id"] = request_id
+    return {"error": error}
 
 
 class ClientGone(Exception):
@@ -142,12 +161,15 @@ def flag(data: dict, key: str) -> bool:
 
 class Inputs:
     """Turns a request's sentences (strings, split as the server was told, or lists of token
-    strings) into checked token lists within the limits."""
+    strings) into checked token lists within the limits. With ``truncate`` true, a sentence of
+    more than ``max_input_tokens`` tokens keeps its first ones and a token of more than
+    ``max_token_chars`` characters its first characters, instead of a 413; false: the 413 says
+    that truncation is offered; None (the default): an endpoint that does not offer it."""
 
     def __init__(self, limits: Limits, tokenize: bool) -> None:
         self.limits, self.split = limits, line_splitter(tokenize)
 
-    def sentence(self, value: Any, where: str) -> list[str]:
+    def sentence(self, value: Any, where: str, truncate: bool | None = None) -> list[str]:
         if isinstance(value, str):
             check_text(value, where)
             tokens = self.split(value)
@@ -172,11 +194,15 @@ class Inputs:
             )
         if not tokens:
             raise ApiError(400, f"{where} is empty: it has no tokens", where)
+        if truncate:
+            chars = self.limits.max_token_chars
+            return [t[:chars] for t in tokens[: self.limits.max_input_tokens]]
+        hint = " (or send 'truncate': true)" if truncate is False else ""
         if len(tokens) > self.limits.max_input_tokens:
             raise ApiError(
                 413,
                 f"{where} has {len(tokens):,} tokens; this server takes at most "
-                f"{self.limits.max_input_tokens:,} per sentence",
+                f"{self.limits.max_input_tokens:,} per sentence{hint}",
                 where,
             )
         longest = max(range(len(tokens)), key=lambda j: len(tokens[j]))
@@ -184,12 +210,12 @@ class Inputs:
             raise ApiError(
                 413,
                 f"{where}, token {longest} has {len(tokens[longest]):,} characters; this server takes "
-                f"tokens of at most {self.limits.max_token_chars:,}",
+                f"tokens of at most {self.limits.max_token_chars:,}{hint}",
                 where,
             )
         return tokens
 
-    def sentences(self, value: Any, key: str) -> list[list[str]]:
+    def sentences(self, value: Any, key: str, truncate: bool | None = None) -> list[list[str]]:
         """The sentences of ``value``: one string, or a list whose items are strings or lists of
         token strings (a bare list of strings is that many sentences, as OpenAI's ``input``)."""
         if value is None:
@@ -215,7 +241,7 @@ class Inputs:
                 f"'{key}' has {len(items):,} sentences; this server takes at most {self.limits.max_inputs:,}",
                 key,
             )
-        out = [self.sentence(item, f"{key}[{i}]") for i, item in enumerate(items)]
+        out = [self.sentence(item, f"{key}[{i}]", truncate) for i, item in enumerate(items)]
         total = sum(len(s) for s in out)
         if total > self.limits.max_request_tokens:
             raise ApiError(

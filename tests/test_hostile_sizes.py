@@ -127,6 +127,92 @@ def test_a_model_larger_than_the_machine_is_refused_before_anything_is_allocated
         BiLM(BiLMOptions.from_dict(json.loads(options.read_text())))
 
 
+def test_a_model_larger_than_the_address_space_limit_is_refused_in_one_line(tmp_path):
+    """A 4 GB character embedding under `ulimit -v` of 3 GB (free memory is far larger): the
+    process's limit, not the machine's free pages, bounds the model (an allocator traceback before)."""
+    import resource
+    import subprocess
+    import sys
+
+    options = _options_file(tmp_path, {"char_cnn.n_characters": 1_000_000, "char_cnn.embedding.dim": 1000})
+    (tmp_path / "in.txt").write_text("the cat sat\n")
+    limit = 3 * 10**9
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    command = [sys.executable, "-m", "elmokit", "embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5")]
+    command += ["--options", str(options), "--weights", str(TINY / "lm_weights.hdf5"), "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=limited, timeout=120)
+    assert done.returncode == 2, done.stderr
+    error = done.stderr.strip()
+    assert "\n" not in error and error.startswith(f"elmokit: error: {options}: the model it describes has ")
+    assert "more than this process's address-space limit set by ulimit -v (2.8 GiB)" in error
+    assert not (tmp_path / "out.hdf5").exists()
+
+
+def test_the_memory_limit_is_the_least_of_the_machine_cgroup_and_address_space(monkeypatch):
+    from elmokit.base import bounds
+
+    monkeypatch.setattr(bounds, "_physical_memory_bytes", lambda: 64 << 30)
+    monkeypatch.setattr(bounds, "_cgroup_limit", lambda: (8 << 30, 1 << 30))
+    monkeypatch.setattr(bounds, "_address_space_limit", lambda: None)
+    assert bounds.memory_limit() == (8 << 30, "this process's cgroup memory limit")
+    monkeypatch.setattr(bounds, "_address_space_limit", lambda: (4 << 30, 3 << 30))
+    assert bounds.memory_limit() == (4 << 30, "this process's address-space limit set by ulimit -v")
+    assert bounds.available_memory_bytes() <= 1 << 30  # what the address-space limit leaves
+
+
+def test_cgroup_files_are_read_for_this_process_and_the_groups_above_it(tmp_path, monkeypatch):
+    from elmokit.base import bounds
+
+    real_read = bounds.Path.read_text
+    cgroup = "4:memory:/jobs/one\n0::/jobs/one\n"
+    monkeypatch.setattr(
+        bounds.Path, "read_text", lambda self, *a, **k: cgroup if str(self) == "/proc/self/cgroup" else real_read(self)
+    )
+    files = [str(f) for f in bounds._cgroup_files("memory.max", "memory.limit_in_bytes")]
+    assert files == [
+        "/sys/fs/cgroup/memory/jobs/one/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/jobs/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/sys/fs/cgroup/jobs/one/memory.max",
+        "/sys/fs/cgroup/jobs/memory.max",
+        "/sys/fs/cgroup/memory.max",
+    ]
+    (tmp_path / "max").write_text("max\n")
+    (tmp_path / "limit").write_text("9223372036854771712\n")  # cgroup v1's "no limit"
+    (tmp_path / "set").write_text("2147483648\n")
+    assert [bounds._read_number(tmp_path / n) for n in ("max", "limit", "set", "absent")] == [
+        None, None, 2 << 30, None
+    ]
+
+
+def test_a_mismatched_embedding_dim_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    """embedding.dim 1,000,000 against the tiny model's weights: the weight file's shapes are
+    compared before the 1 GB character embedding is allocated (25 s and 1 GB before)."""
+    from elmokit.model import bilm
+
+    def not_built(self, *args, **kwargs):
+        raise AssertionError("the model was built before its weight file's shapes were checked")
+
+    monkeypatch.setattr(bilm.BiLM, "__init__", not_built)
+    options = _options_file(tmp_path, {"char_cnn.embedding.dim": 1_000_000})
+    assert _embed(tmp_path, options, capsys) == (
+        f"{TINY / 'lm_weights.hdf5'}: dataset 'char_embed' has shape (261, 4) but the options imply "
+        "(261, 1000000)"
+    )
+
+
+def test_the_char_cnn_shapes_computed_from_the_options_are_those_of_the_file_written():
+    from elmokit.model.weights import char_cnn_file_shapes
+
+    bilm = BiLM.load(TINY / "options.json", TINY / "lm_weights.hdf5")
+    with h5py.File(TINY / "lm_weights.hdf5") as handle:
+        for name, shape in char_cnn_file_shapes(bilm.options).items():
+            assert handle[name].shape == shape, name
+
+
 def test_the_parameter_count_is_that_of_the_modules_built():
     from elmokit.base.bounds import parameter_count
 

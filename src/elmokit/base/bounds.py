@@ -3,7 +3,8 @@
 A model file is data from anywhere, so its numbers are bounded before a module is built:
 - each size field has a documented ceiling (``CEILINGS``), far above every published model;
 - the whole model (``parameter_count``, at 4 bytes a parameter) and the activations of one token
-  must fit in this machine's memory (``memory_bytes``);
+  must fit in the memory this process may use (``memory_limit``: this machine's, or less under a
+  cgroup's limit or ``ulimit -v``);
 - a training run's batch (``check_training_size``: ``batch_size * unroll_steps`` positions in
   both directions, each with its LSTM activations and sampled-softmax logits) must fit too,
   with the weights, their gradients and the optimizer's state;
@@ -47,6 +48,7 @@ __all__ = [
     "check_model_size",
     "check_training_size",
     "memory_bytes",
+    "memory_limit",
     "parameter_count",
     "position_floats",
     "read_json",
@@ -120,7 +122,7 @@ class SizeError(ValueError):
     """A model or a run larger than the ceilings or than this machine's memory."""
 
 
-def memory_bytes() -> int:
+def _physical_memory_bytes() -> int:
     """This machine's physical memory in bytes (``FALLBACK_MEMORY_BYTES`` when unknown)."""
     try:
         pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
@@ -129,12 +131,93 @@ def memory_bytes() -> int:
     return pages * page if pages > 0 and page > 0 else FALLBACK_MEMORY_BYTES
 
 
-def available_memory_bytes() -> int | None:
-    """Bytes of memory this machine has free now (None when it cannot tell)."""
+def _read_number(path: Path) -> int | None:
+    """The integer a cgroup file holds (None for "max", an absent file or a value meaning none)."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
+        text = path.read_text().strip()
+    except OSError:
         return None
+    return int(text) if text.isdigit() and int(text) < 1 << 62 else None
+
+
+def _cgroup_files(name_v2: str, name_v1: str) -> list[Path]:
+    """This process's cgroup file ``name`` (v2) or ``name_v1`` (v1, the memory controller), and
+    those of the cgroups above it (a limit on any of them holds)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    files = []
+    for line in lines:
+        _, controllers, group = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            root, name = Path("/sys/fs/cgroup"), name_v2
+        elif "memory" in controllers.split(","):
+            root, name = Path("/sys/fs/cgroup/memory"), name_v1
+        else:
+            continue
+        folder = root / group.strip("/")
+        files += [parent / name for parent in (folder, *folder.parents) if parent.is_relative_to(root)]
+    return files
+
+
+def _cgroup_limit() -> tuple[int, int] | None:
+    """This process's cgroup memory limit and the cgroup's usage now, in bytes (None without one)."""
+    limits = [n for n in map(_read_number, _cgroup_files("memory.max", "memory.limit_in_bytes")) if n]
+    if not limits:
+        return None
+    usages = [n for n in map(_read_number, _cgroup_files("memory.current", "memory.usage_in_bytes")) if n]
+    return min(limits), (usages[0] if usages else 0)
+
+
+def _address_space_limit() -> tuple[int, int] | None:
+    """This process's address-space limit (``ulimit -v``, RLIMIT_AS) and its size now, in bytes."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return None
+    try:
+        status = Path("/proc/self/status").read_text()
+        used = int(status.split("VmSize:", 1)[1].split()[0]) * 1024
+    except (OSError, IndexError, ValueError):
+        used = 0
+    return soft, used
+
+
+def memory_limit() -> tuple[int, str]:
+    """The memory this process may use in bytes, and what sets it for a message: the least of this
+    machine's physical memory, its cgroup's limit (a container's) and its address-space limit."""
+    limits = [(_physical_memory_bytes(), "this machine's memory")]
+    cgroup = _cgroup_limit()
+    if cgroup is not None:
+        limits.append((cgroup[0], "this process's cgroup memory limit"))
+    address_space = _address_space_limit()
+    if address_space is not None:
+        limits.append((address_space[0], "this process's address-space limit set by ulimit -v"))
+    return min(limits)
+
+
+def memory_bytes() -> int:
+    """The memory this process may use in bytes (``memory_limit``'s number)."""
+    return memory_limit()[0]
+
+
+def available_memory_bytes() -> int | None:
+    """Bytes of memory this process can still take now: the least of this machine's free pages,
+    what its cgroup's limit leaves and what its address-space limit leaves (None when it cannot
+    tell)."""
+    free: list[int] = []
+    try:
+        free.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for limit in (_cgroup_limit(), _address_space_limit()):
+        if limit is not None:
+            free.append(max(0, limit[0] - limit[1]))
+    return min(free) if free else None
 
 
 def shown_bytes(n: int) -> str:
@@ -224,11 +307,11 @@ def check_model_size(options: ModelSizes, source: str, word_embedding: tuple[int
         ceiling(value, high, source, name)
     count = parameter_count(options, word_embedding)
     needed = FLOAT_BYTES * (count + token_floats(options) + 2 * position_floats(options))
-    memory = memory_bytes()
+    memory, limited_by = memory_limit()
     if needed > memory:
         raise SizeError(
             f"{source}: the model it describes has {count:,} parameters and needs at least "
-            f"{shown_bytes(needed)}, more than this machine's memory ({shown_bytes(memory)})"
+            f"{shown_bytes(needed)}, more than {limited_by} ({shown_bytes(memory)})"
         )
     return count
 
@@ -244,13 +327,13 @@ def check_training_size(
     weights = 3 * FLOAT_BYTES * parameter_count(options)
     positions = 2 * batch_size * unroll_steps
     activations = FLOAT_BYTES * positions * position_floats(options, n_negative_samples)
-    memory = memory_bytes()
+    memory, limited_by = memory_limit()
     if weights + activations > memory:
         raise SizeError(
             f"--batch-size {batch_size:,} with --unroll-steps {unroll_steps:,} and --n-negative-samples "
             f"{n_negative_samples:,} needs at least {shown_bytes(weights + activations)} "
-            f"({shown_bytes(activations)} of activations for {positions:,} positions), more than this "
-            f"machine's memory ({shown_bytes(memory)}); lower --batch-size, --unroll-steps or "
+            f"({shown_bytes(activations)} of activations for {positions:,} positions), more than "
+            f"{limited_by} ({shown_bytes(memory)}); lower --batch-size, --unroll-steps or "
             "--n-negative-samples"
         )
 

@@ -31,7 +31,7 @@ from .inputs import InputScheme
 from .lstm import BiLstm, LstmState, Packing, needs_autograd
 from .manylangs import read_manylangs
 from .options import BiLMOptions
-from .weights import load_weights, save_options, save_weights
+from .weights import check_weight_shapes, load_weights, save_options, save_weights
 
 __all__ = ["DEFAULT_WINDOW", "BiLM", "BiLMOutput", "CarriedState", "StateArg", "StatefulBiLM"]
 
@@ -116,7 +116,9 @@ class BiLM(nn.Module):
         ``from_pretrained``); the model is in eval mode. ``stateful=True`` gives a
         ``StatefulBiLM`` (states carried between calls)."""
         model_cls = StatefulBiLM if stateful else cls
-        bilm = model_cls(BiLMOptions.from_file(options_file))
+        options = BiLMOptions.from_file(options_file)
+        check_weight_shapes(options, weight_file)  # before the model's memory is allocated
+        bilm = model_cls(options)
         load_weights(bilm, weight_file)
         bilm.source_files = (Path(options_file), Path(weight_file))
         return bilm.eval()

@@ -36,6 +36,8 @@ __all__ = [
     "START_STATE_DATASETS",
     "UnsafeHDF5Error",
     "WeightFileError",
+    "char_cnn_file_shapes",
+    "check_weight_shapes",
     "create_hdf5",
     "has_start_state",
     "load_softmax",
@@ -337,11 +339,11 @@ def _damage_reported(path: Path) -> Iterator[None]:
         raise WeightFileError(f"{path}: damaged HDF5 file, it cannot be read ({err})") from None
 
 
-def _read_array(
+def _checked_dataset(
     handle: h5py.File, path: Path, name: str, expected: tuple[int, ...], implied_by: str
-) -> np.ndarray:
-    """Dataset ``name`` as float32 numpy, checked: present, a dataset of numbers, of shape
-    ``expected``, every value finite."""
+) -> h5py.Dataset:
+    """Dataset ``name``, checked without reading it: present, a dataset of numbers, of shape
+    ``expected``."""
     if name not in handle:
         raise WeightFileError(
             f"{path}: missing dataset {name!r} (shape {expected} expected from {implied_by})"
@@ -354,6 +356,15 @@ def _read_array(
     found = tuple(dataset.shape)
     if found != expected:
         raise WeightFileError(f"{path}: dataset {name!r} has shape {found} but {implied_by} imply {expected}")
+    return dataset
+
+
+def _read_array(
+    handle: h5py.File, path: Path, name: str, expected: tuple[int, ...], implied_by: str
+) -> np.ndarray:
+    """Dataset ``name`` as float32 numpy, checked: present, a dataset of numbers, of shape
+    ``expected``, every value finite."""
+    dataset = _checked_dataset(handle, path, name, expected, implied_by)
     with np.errstate(over="ignore"):  # a float64 too large for float32 becomes inf: refused below
         value = np.asarray(dataset[...], dtype=np.float32)
     finite = np.isfinite(value)
@@ -406,6 +417,28 @@ def _read_start_state(options: BiLMOptions, handle: h5py.File, path: Path) -> Ls
             for name, shape in zip(START_STATE_DATASETS, expected)
         ]
     return LstmState(*values)
+
+
+def char_cnn_file_shapes(options: BiLMOptions) -> dict[str, tuple[int, ...]]:
+    """The shapes of the char CNN's datasets (``char_embed``, ``CNN/W_cnn_k``, ``CNN/b_cnn_k``)
+    that ``options`` imply, computed without building the model: the datasets whose size a
+    wrong ``embedding.dim``, ``n_characters`` or filter list multiplies."""
+    cnn = options.char_cnn
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (cnn.n_characters - 1, cnn.embedding_dim)}
+    for k, (width, count) in enumerate(cnn.filters):
+        shapes[f"CNN/W_cnn_{k}"] = (1, width, cnn.embedding_dim, count)
+        shapes[f"CNN/b_cnn_{k}"] = (count,)
+    return shapes
+
+
+def check_weight_shapes(options: BiLMOptions, weight_file: str | Path) -> None:
+    """Refuse a weight file whose char CNN datasets do not have the shapes ``options`` imply,
+    reading only the file's metadata: called before the model is built, so a mismatched size
+    field is refused before its memory is allocated."""
+    path = Path(weight_file)
+    with open_hdf5(path) as handle, _damage_reported(path):
+        for name, expected in char_cnn_file_shapes(options).items():
+            _checked_dataset(handle, path, name, expected, "the options")
 
 
 def load_weights(bilm: _WeightedBiLM, weight_file: str | Path) -> None:

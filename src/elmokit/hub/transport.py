@@ -74,6 +74,7 @@ from typing import Any
 
 from .._version import __version__
 from ..base.atomic import write_json
+from ..base.digests import file_digest
 from .cache import ENV_CACHE, ENV_OFFLINE, cache_dir, offline
 
 __all__ = [
@@ -205,15 +206,6 @@ def entry_dir(url: str) -> Path:
     key = cache_key(url)
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     return cache_dir() / "downloads" / f"{digest}-{file_name(key)}"
-
-
-def file_digest(path: Path, algorithm: str = "sha256") -> str:
-    """Hex digest of a file, read in chunks."""
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_meta(url: str) -> dict[str, Any] | None:

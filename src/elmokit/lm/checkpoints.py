@@ -27,7 +27,6 @@ train_config.json holds the run's configuration without its save dir: a save dir
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ import torch
 
 from ..base.atomic import atomic_path, write_json, write_text
 from ..base.atomic import remove_leftovers as remove_temporary_files
+from ..base.digests import file_digest
 from ..base.tensorfiles import load_tensors
 
 __all__ = [
@@ -253,19 +253,11 @@ def save_checkpoint_file(value: dict[str, Any], path: Path) -> None:
         torch.save(value, f)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: Path, step: int) -> None:
     """Record the name, size and SHA-256 of every file of a complete checkpoint folder in its
     manifest.json (the last file written into it)."""
     files = {
-        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.name: {"size": p.stat().st_size, "sha256": file_digest(p)}
         for p in sorted(folder.iterdir())
         if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(".")
     }
@@ -302,7 +294,7 @@ def verify_checkpoint_file(path: Path) -> None:
             raise CheckpointError(
                 f"{path}: damaged: it has {stat.st_size} bytes, {manifest_path} recorded {entry.get('size')}"
             )
-        if _sha256(path) != entry.get("sha256"):
+        if file_digest(path) != entry.get("sha256"):
             raise CheckpointError(
                 f"{path}: damaged: its SHA-256 differs from the one {manifest_path} recorded when "
                 "the checkpoint was written"

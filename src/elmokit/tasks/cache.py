@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import __version__, hub
 from ..base.atomic import atomic_path
+from ..base.digests import file_digest
 from ..embed.embedder import Embedder
 from ..model.int8 import FORM as INT8_FORM
 from ..model.weights import UnsafeHDF5Error, WeightFileError, create_hdf5, open_hdf5
@@ -55,11 +56,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     stat = path.stat()
     memo = (str(path), stat.st_size, stat.st_mtime_ns)
     if memo not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        _DIGESTS[memo] = h.hexdigest()
+        _DIGESTS[memo] = file_digest(path)
     return _DIGESTS[memo]
 
 

@@ -246,3 +246,25 @@ def test_the_raw_text_check_knows_abbreviations(line, warned, caplog):
     with caplog.at_level("WARNING", logger="elmokit"):
         assert quiet(line) == line.split()
     assert not caplog.records
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("a device failed\n\nmore lines\nof detail"), MemoryError()])
+def test_a_runtime_or_memory_error_is_one_line_with_status_2(tmp_path, capsys, monkeypatch, raised):
+    """torch raises RuntimeError (a device out of memory, ...), and elmokit's own checks of its
+    parts do too: each is one line, never a traceback."""
+    import elmokit.embed.embedder
+
+    def failing(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(elmokit.embed.embedder.Embedder, "embed_file", failing)
+    (tmp_path / "in.txt").write_text("the cat sat\n")
+    code = main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5"), *TINY, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    expected = (
+        "elmokit: error: a device failed (-v shows where)\n"
+        if isinstance(raised, RuntimeError)
+        else "elmokit: error: out of memory: the model or a batch does not fit (try a smaller --batch-size)\n"
+    )
+    assert err == expected

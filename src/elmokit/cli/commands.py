@@ -1377,6 +1377,11 @@ def run(args: argparse.Namespace) -> int:
             return _reader_gone()
         except (OSError, ValueError, ImportError) as err:  # OSError: missing, unwritable, a folder...
             return _fail(err)
+        except MemoryError:
+            return _fail("out of memory: the model or a batch does not fit (try a smaller --batch-size)")
+        except RuntimeError as err:  # torch's (out of memory on a device, ...) and elmokit's own checks
+            logging.getLogger("elmokit").info("where the error was raised:", exc_info=True)
+            return _fail(_first_line(err) + ("" if getattr(args, "verbose", False) else " (-v shows where)"))
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM during a write (atomic.Terminated)
             signum = getattr(err, "signum", signal.SIGINT)
             print(
@@ -1402,7 +1407,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     say(f"elmokit: warning: {message}")
 
 
-def _fail(err: BaseException) -> int:
+def _first_line(err: BaseException) -> str:
+    """The first line of an error's message that says something (torch's run to many lines)."""
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+
+
+def _fail(err: BaseException | str) -> int:
     """Report an error in one line, as every command does; returns the exit status."""
     say(f"elmokit: error: {err}")
     return 2

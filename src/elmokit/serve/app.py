@@ -53,10 +53,18 @@ __all__ = [
     "POOLED_LAYERS",
     "create_app",
     "create_app_from_env",
+    "embed",
+    "embeddings",
+    "health",
     "info",
     "is_loopback",
+    "list_models",
     "openapi",
+    "prometheus",
+    "ready",
+    "score",
     "serve",
+    "substitutes",
     "tokenize",
 ]
 
@@ -173,6 +181,7 @@ class _Service:
     metrics: Metrics
     ready: bool = False
     batchers: dict[str, Batcher] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' "created"
 
     def __post_init__(self) -> None:
         self.by_name = {m.name: m for m in self.models}
@@ -248,14 +257,181 @@ def _unit(vector: np.ndarray) -> np.ndarray:
     return (vector.astype(np.float64) / norm).astype(np.float32) if norm > 0 else vector
 
 
+# -- the endpoints: each reads the app's _Service from request.app.state.service -----------------
+def _service(request: Request) -> _Service:
+    return request.app.state.service
+
+
+def _dimensions(data: dict, model: ServedModel) -> None:
+    """Refuse ``dimensions`` other than the model's size (ELMo has no shorter prefix)."""
+    dimensions = data.get("dimensions")
+    number = isinstance(dimensions, int) and not isinstance(dimensions, bool)
+    if dimensions is not None and not (number and dimensions == model.dim):
+        shown = json.dumps(dimensions)[:20] if number else kind_of(dimensions)
+        raise ApiError(
+            400,
+            f"'dimensions' must be {model.dim}, the model's size, got {shown}: an ELMo vector is "
+            "a forward half and a backward half, not a prefix that can be cut shorter",
+            "dimensions",
+        )
+
+
+async def embeddings(request: Request) -> Response:
+    """POST /v1/embeddings (OpenAI's): one mean-pooled vector per input, of length 1 unless
+    ``normalize`` is false."""
+    service = _service(request)
+
+    async def run() -> dict:
+        data = await read_json(request, service.config.limits)
+        model, batcher = service.chosen(data)
+        encoding = choice(data, "encoding_format", ENCODINGS, "float")
+        layers = choice(data, "layers", POOLED_LAYERS, "average")
+        normalize = data.get("normalize", True)
+        if not isinstance(normalize, bool):
+            raise ApiError(400, f"'normalize' must be true or false, got {kind_of(normalize)}", "normalize")
+        _dimensions(data, model)
+        sentences = service.inputs.sentences(data.get("input"), "input", service.truncate(data))
+        arrays = await batcher.embed(sentences, request)
+        n = sum(len(s) for s in sentences)
+        pooled = [output_array(a, layers, "mean") for a in arrays]
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": encode(_unit(v) if normalize else v, encoding),
+                }
+                for i, v in enumerate(pooled)
+            ],
+            "model": model.name,
+            "usage": {"prompt_tokens": n, "total_tokens": n},
+        }
+
+    return await _answer(run)
+
+
+async def embed(request: Request) -> Response:
+    """POST /embed: every token's vectors, of all layers or one."""
+    service = _service(request)
+    limits = service.config.limits
+
+    async def run() -> dict:
+        data = await read_json(request, limits)
+        model, batcher = service.chosen(data)
+        layers = choice(data, "layers", ("all", "top", "average"), "all")
+        encoding = choice(data, "encoding_format", ENCODINGS, "float")
+        sentences = service.inputs.sentences(data.get("sentences"), "sentences", service.truncate(data))
+        values = sum(len(s) for s in sentences) * model.dim * (model.num_layers if layers == "all" else 1)
+        if values > limits.max_response_values:
+            raise ApiError(
+                413,
+                f"the answer would hold {values:,} numbers; this server gives at most "
+                f"{limits.max_response_values:,} per request: send fewer tokens or ask for fewer layers",
+                "sentences",
+            )
+        arrays = await batcher.embed(sentences, request)
+        results = []
+        for tokens, array in zip(sentences, arrays):
+            selected = select_layers(array, layers)
+            results.append(
+                {"tokens": tokens, "shape": list(selected.shape), "embedding": encode(selected, encoding)}
+            )
+        return {"model": model.name, "layers": layers, "results": results}
+
+    return await _answer(run, in_thread=True)
+
+
+async def score(request: Request) -> Response:
+    """POST /score: each sentence's log-probability and perplexity (full softmax)."""
+    service = _service(request)
+
+    async def run() -> dict:
+        from ..lm.scoring import score_sentences
+
+        data = await read_json(request, service.config.limits)
+        model, batcher = service.chosen(data, scoring=True)
+        per_token = flag(data, "per_token")
+        sentences = service.inputs.sentences(data.get("sentences"), "sentences")
+
+        def compute() -> list[dict]:
+            scores = score_sentences(model.language_model, sentences)
+            return [{"sentence": s.tokens, **s.to_dict(per_token, digits=6)} for s in scores]
+
+        return {"model": model.name, "results": await batcher.call(compute, request)}
+
+    return await _answer(run)
+
+
+async def substitutes(request: Request) -> Response:
+    """POST /substitutes: the words the model predicts at a position."""
+    service = _service(request)
+
+    async def run() -> dict:
+        from ..lm.scoring import substitutes as predict
+
+        data = await read_json(request, service.config.limits)
+        model, batcher = service.chosen(data, scoring=True)
+        tokens = service.inputs.sentence(data.get("sentence"), "sentence")
+        position = integer(data, "position", None, 0, len(tokens) - 1)
+        k = integer(data, "k", 10, 1, MAX_K)
+        found = await batcher.call(lambda: predict(model.language_model, tokens, position, k=k), request)
+        return {"model": model.name, **found.to_dict()}
+
+    return await _answer(run)
+
+
+async def list_models(request: Request) -> Response:
+    """GET /v1/models (OpenAI's): the models served."""
+    service = _service(request)
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": m.name,
+                    "object": "model",
+                    "created": service.created,
+                    "owned_by": "elmokit",
+                    "dim": m.dim,
+                    "layers": m.num_layers,
+                    "softmax": m.language_model is not None,
+                }
+                for m in service.models
+            ],
+        }
+    )
+
+
+async def health(request: Request) -> Response:
+    """GET /health: the process answers (no API key needed)."""
+    return JSONResponse({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """GET /ready: 200 once the models' batchers run, 503 while loading or stopping."""
+    service = _service(request)
+    if not service.ready:
+        return error_response(
+            503, "not ready: the models are loading or the server is stopping", headers=RETRY
+        )
+    return JSONResponse({"status": "ready", "models": list(service.by_name)})
+
+
+async def prometheus(request: Request) -> Response:
+    """GET /metrics: the Prometheus metrics."""
+    registry = _service(request).metrics.registry
+    return Response(prom.generate_latest(registry), media_type=prom.CONTENT_TYPE_LATEST)
+
+
 async def info(request: Request) -> Response:
     """GET /info: the version, the models (dimensions, layers, softmax) and the limits."""
-    return JSONResponse(request.app.state.service.info())
+    return JSONResponse(_service(request).info())
 
 
 async def tokenize(request: Request) -> Response:
     """POST /tokenize: the tokens each input becomes, as the embedding endpoints split and check it."""
-    service: _Service = request.app.state.service
+    service = _service(request)
 
     async def run() -> dict:
         data = await read_json(request, service.config.limits)
@@ -273,208 +449,76 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(schema())
 
 
+async def _http_error(request: Request, err: Exception) -> Response:
+    assert isinstance(err, StarletteHTTPException)
+    return error_response(
+        err.status_code, f"{request.method} {request.url.path}: {err.detail}", headers=err.headers
+    )
+
+
+async def _server_error(request: Request, err: Exception) -> Response:
+    # outside the guard (Starlette's outermost layer): the request id is read from its state
+    request_id = getattr(request.state, "request_id", None)
+    log.error("internal error on %s (request %s)", request.url.path, request_id, exc_info=err)
+    token = REQUEST_ID.set(request_id)
+    try:
+        return error_response(
+            500,
+            "internal error; the server log has its details",
+            headers={"x-request-id": request_id} if request_id else None,
+        )
+    finally:
+        REQUEST_ID.reset(token)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette):
+    """The models' batchers run from the app's start to its stop; /ready says so."""
+    service: _Service = app.state.service
+    batchers = service.batchers = {
+        m.name: Batcher(m, service.config, service.metrics) for m in service.models
+    }
+    for batcher in batchers.values():
+        batcher.start()
+    service.ready = True
+    log.info("ready: %s", ", ".join(service.by_name))
+    try:
+        yield
+    finally:
+        service.ready = False
+        for batcher in batchers.values():
+            await batcher.stop()
+
+
+# Starlette itself, not FastAPI: each handler reads its own request, and FastAPI's layers
+# (dependency solving, its telemetry and body-limit middleware) took more than a third of the
+# event loop's time per request (0.65 ms against 0.39 without dependency solving, measured)
+_ROUTES = [
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/embed", embed, methods=["POST"]),
+    Route("/score", score, methods=["POST"]),
+    Route("/substitutes", substitutes, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/ready", ready, methods=["GET"]),
+    Route("/metrics", prometheus, methods=["GET"]),
+    Route("/info", info, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+]
+
+
 def create_app(models: list[ServedModel], config: ServeConfig, api_key: str | None = None) -> Starlette:
     """The ASGI app serving ``models`` (loaded and warmed up). ``api_key``: required as
     ``Authorization: Bearer`` on every endpoint but /health."""
     if not models:
         raise ValueError("no model to serve")
-    metrics = Metrics()
-    service = _Service(models, config, metrics)
-    by_name, limits, inputs = service.by_name, config.limits, service.inputs
-    created = int(time.time())
-    chosen, answer = service.chosen, _answer
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
-        batchers = service.batchers = {m.name: Batcher(m, config, metrics) for m in models}
-        for batcher in batchers.values():
-            batcher.start()
-        service.ready = True
-        log.info("ready: %s", ", ".join(by_name))
-        try:
-            yield
-        finally:
-            service.ready = False
-            for batcher in batchers.values():
-                await batcher.stop()
-
-    async def embeddings(request: Request) -> Response:
-        async def run() -> dict:
-            data = await read_json(request, limits)
-            model, batcher = chosen(data)
-            encoding = choice(data, "encoding_format", ENCODINGS, "float")
-            layers = choice(data, "layers", POOLED_LAYERS, "average")
-            normalize = data.get("normalize", True)
-            if not isinstance(normalize, bool):
-                raise ApiError(
-                    400, f"'normalize' must be true or false, got {kind_of(normalize)}", "normalize"
-                )
-            dimensions = data.get("dimensions")
-            if dimensions is not None and (
-                not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions != model.dim
-            ):
-                number = isinstance(dimensions, int) and not isinstance(dimensions, bool)
-                shown = json.dumps(dimensions)[:20] if number else kind_of(dimensions)
-                raise ApiError(
-                    400,
-                    f"'dimensions' must be {model.dim}, the model's size, got {shown}: an ELMo vector is "
-                    "a forward half and a backward half, not a prefix that can be cut shorter",
-                    "dimensions",
-                )
-            sentences = inputs.sentences(data.get("input"), "input", service.truncate(data))
-            arrays = await batcher.embed(sentences, request)
-            n = sum(len(s) for s in sentences)
-            pooled = [output_array(a, layers, "mean") for a in arrays]
-            return {
-                "object": "list",
-                "data": [
-                    {
-                        "object": "embedding",
-                        "index": i,
-                        "embedding": encode(_unit(v) if normalize else v, encoding),
-                    }
-                    for i, v in enumerate(pooled)
-                ],
-                "model": model.name,
-                "usage": {"prompt_tokens": n, "total_tokens": n},
-            }
-
-        return await answer(run)
-
-    async def embed(request: Request) -> Response:
-        async def run() -> dict:
-            data = await read_json(request, limits)
-            model, batcher = chosen(data)
-            layers = choice(data, "layers", ("all", "top", "average"), "all")
-            encoding = choice(data, "encoding_format", ENCODINGS, "float")
-            sentences = inputs.sentences(data.get("sentences"), "sentences", service.truncate(data))
-            values = sum(len(s) for s in sentences) * model.dim * (model.num_layers if layers == "all" else 1)
-            if values > limits.max_response_values:
-                raise ApiError(
-                    413,
-                    f"the answer would hold {values:,} numbers; this server gives at most "
-                    f"{limits.max_response_values:,} per request: send fewer tokens or ask for fewer layers",
-                    "sentences",
-                )
-            arrays = await batcher.embed(sentences, request)
-            results = []
-            for tokens, array in zip(sentences, arrays):
-                selected = select_layers(array, layers)
-                results.append(
-                    {
-                        "tokens": tokens,
-                        "shape": list(selected.shape),
-                        "embedding": encode(selected, encoding),
-                    }
-                )
-            return {"model": model.name, "layers": layers, "results": results}
-
-        return await answer(run, in_thread=True)
-
-    async def score(request: Request) -> Response:
-        async def run() -> dict:
-            from ..lm.scoring import score_sentences
-
-            data = await read_json(request, limits)
-            model, batcher = chosen(data, scoring=True)
-            per_token = flag(data, "per_token")
-            sentences = inputs.sentences(data.get("sentences"), "sentences")
-
-            def compute() -> list[dict]:
-                scores = score_sentences(model.language_model, sentences)
-                return [{"sentence": s.tokens, **s.to_dict(per_token, digits=6)} for s in scores]
-
-            return {"model": model.name, "results": await batcher.call(compute, request)}
-
-        return await answer(run)
-
-    async def substitutes(request: Request) -> Response:
-        async def run() -> dict:
-            from ..lm.scoring import substitutes as predict
-
-            data = await read_json(request, limits)
-            model, batcher = chosen(data, scoring=True)
-            tokens = inputs.sentence(data.get("sentence"), "sentence")
-            position = integer(data, "position", None, 0, len(tokens) - 1)
-            k = integer(data, "k", 10, 1, MAX_K)
-            found = await batcher.call(lambda: predict(model.language_model, tokens, position, k=k), request)
-            return {"model": model.name, **found.to_dict()}
-
-        return await answer(run)
-
-    async def list_models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": m.name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "elmokit",
-                        "dim": m.dim,
-                        "layers": m.num_layers,
-                        "softmax": m.language_model is not None,
-                    }
-                    for m in models
-                ],
-            }
-        )
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def ready(request: Request) -> Response:
-        if not service.ready:
-            return error_response(
-                503, "not ready: the models are loading or the server is stopping", headers=RETRY
-            )
-        return JSONResponse({"status": "ready", "models": list(by_name)})
-
-    async def prometheus(request: Request) -> Response:
-        return Response(prom.generate_latest(metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
-
-    async def http_error(request: Request, err: Exception) -> Response:
-        assert isinstance(err, StarletteHTTPException)
-        return error_response(
-            err.status_code, f"{request.method} {request.url.path}: {err.detail}", headers=err.headers
-        )
-
-    async def server_error(request: Request, err: Exception) -> Response:
-        # outside the guard (Starlette's outermost layer): the request id is read from its state
-        request_id = getattr(request.state, "request_id", None)
-        log.error("internal error on %s (request %s)", request.url.path, request_id, exc_info=err)
-        token = REQUEST_ID.set(request_id)
-        try:
-            return error_response(
-                500,
-                "internal error; the server log has its details",
-                headers={"x-request-id": request_id} if request_id else None,
-            )
-        finally:
-            REQUEST_ID.reset(token)
-
-    # Starlette itself, not FastAPI: each handler reads its own request, and FastAPI's layers
-    # (dependency solving, its telemetry and body-limit middleware) took more than a third of the
-    # event loop's time per request (0.65 ms against 0.39 without dependency solving, measured)
-    routes = [
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/embed", embed, methods=["POST"]),
-        Route("/score", score, methods=["POST"]),
-        Route("/substitutes", substitutes, methods=["POST"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/ready", ready, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
-        Route("/info", info, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-    ]
+    service = _Service(models, config, Metrics())
     app = Starlette(
-        routes=routes,
-        middleware=[Middleware(_Guard, api_key=api_key, metrics=metrics, limits=limits)],
-        exception_handlers={StarletteHTTPException: http_error, Exception: server_error},
-        lifespan=lifespan,
+        routes=_ROUTES,
+        middleware=[Middleware(_Guard, api_key=api_key, metrics=service.metrics, limits=config.limits)],
+        exception_handlers={StarletteHTTPException: _http_error, Exception: _server_error},
+        lifespan=_lifespan,
     )
     app.state.service = service
     return app

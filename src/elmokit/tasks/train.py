@@ -517,30 +517,113 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
         f"dev {len(dev)}, test {len(test)}"
     )
 
-    # vocabularies from the training sentences in use
-    counts = Counter(normalize_word(t) for ex in train for t in ex.tokens)
-    words = {PAD: 0, UNK: 1}
-    for w in sorted(counts, key=lambda w: (-counts[w], w)):
-        words[w] = len(words)
-    if tagging:
-        label_set = {t for ex in train_all + dev for t in ex.target}
-        if task == "ner":
-            label_set |= {
-                f"{p}-{k}" for t in label_set if t != "O" for k in [t.split("-", 1)[1]] for p in "BIES"
-            }
-    else:
-        label_set = {_label(ex) for ex in train_all + dev}
-    labels = sorted(label_set)
+    counts, words = _words(train)
+    labels = _labels(task, train_all + dev, test, log)
     label_ids = {label: i for i, label in enumerate(labels)}
-    unknown = sorted({t for ex in test for t in (ex.target if tagging else [_label(ex)])} - label_set)
-    if unknown:
-        log(f"note: test labels never seen in train or dev (always counted wrong): {', '.join(unknown)}")
-
     splits = {
         name: encode(examples, words, label_ids, counts, tagging)
         for name, examples in (("train", train), ("dev", dev), ("test", test))
     }
 
+    elmo_info, cache_cpu, cache_wall = _elmo_inputs(config, splits, train_all, dev, test, keep, log)
+
+    _seed_everything(config.seed)
+    model = build_model(config, len(words), labels, config.elmo)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in trainable)
+    log(f"model: {type(model).__name__}, {n_params:,} trained parameters")
+    fit = _fit(model, trainable, splits, dev, labels, config, log)
+    metric = METRICS[task]
+
+    if fit.best_state is not None:  # None: no round improved on -inf (dev scores of NaN)
+        model.load_state_dict(fit.best_state)
+    dev_pred = _predict(model, splits["dev"], labels, config)
+    test_pred = _predict(model, splits["test"], labels, config)
+    dev_scores, test_scores = score(task, dev, dev_pred), score(task, test, test_pred)
+    stage = _stage(out)  # the results appear together, or none of them
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    _write_predictions(stage / "dev.predictions.txt", splits["dev"], dev_pred, task, config.overwrite)
+    _write_predictions(stage / "test.predictions.txt", splits["test"], test_pred, task, config.overwrite)
+
+    config_dict = asdict(config)
+    save_model(stage, model, config_dict, list(words), labels, elmo_info, config.overwrite)
+    metrics = {
+        "task": task,
+        "metric": metric,
+        "dev": dev_scores[metric],
+        "test": test_scores[metric],
+        "dev_scores": dev_scores,
+        "test_scores": test_scores,
+        "seed": config.seed,
+        "train_fraction": config.train_fraction,
+        "train_sentences": len(train),
+        "train_tokens": sum(len(ex.tokens) for ex in train),
+        "elmo": elmo_info["model"],
+        "elmo_details": elmo_info,
+        "fine_tune_elmo": config.fine_tune_elmo,
+        "elmo_dtype": config.elmo_dtype if config.elmo is not None else None,
+        "binary": config.binary if task == "sentiment" else None,
+        "epochs": fit.epochs,
+        "best_epoch": fit.best_epoch,
+        "rounds": len(fit.history),
+        "epochs_per_round": fit.epochs_per_round,
+        "updates": fit.epochs * fit.batches_per_epoch,
+        "trained_parameters": n_params,
+        "labels": labels,
+        "history": fit.history,
+        "cpu_seconds": time.process_time() - cpu0,
+        "wall_seconds": time.perf_counter() - wall0,
+        "elmo_cache_cpu_seconds": cache_cpu,
+        "elmo_cache_wall_seconds": cache_wall,
+        "threads": torch.get_num_threads(),
+        "config": config_dict,
+        "command": command,
+    }
+    write_json(stage / "metrics.json", metrics, config.overwrite)
+    _commit(stage, out, config.overwrite)
+    log(
+        f"{task} {metric}: dev {metrics['dev']:.2f}, test {metrics['test']:.2f} "
+        f"(best epoch {fit.best_epoch});"
+        f" {metrics['cpu_seconds']:.0f} CPU s, {metrics['wall_seconds']:.0f} wall s -> {out / 'metrics.json'}"
+    )
+    return metrics
+
+
+def _words(train: list) -> tuple[Counter, dict[str, int]]:
+    """The training sentences' word counts and the word vocabulary (padding, unknown, then by
+    frequency)."""
+    counts = Counter(normalize_word(t) for ex in train for t in ex.tokens)
+    words = {PAD: 0, UNK: 1}
+    for w in sorted(counts, key=lambda w: (-counts[w], w)):
+        words[w] = len(words)
+    return counts, words
+
+
+def _labels(task: str, seen: list, test: list, log: Callable[[str], None]) -> list[str]:
+    """The labels of the train and dev sentences (for NER, every BIES form of each type), sorted;
+    a note names the test labels among none of them."""
+    tagging = task != "sentiment"
+    if tagging:
+        label_set = {t for ex in seen for t in ex.target}
+        if task == "ner":
+            label_set |= {
+                f"{p}-{k}" for t in label_set if t != "O" for k in [t.split("-", 1)[1]] for p in "BIES"
+            }
+    else:
+        label_set = {_label(ex) for ex in seen}
+    unknown = sorted({t for ex in test for t in (ex.target if tagging else [_label(ex)])} - label_set)
+    if unknown:
+        log(f"note: test labels never seen in train or dev (always counted wrong): {', '.join(unknown)}")
+    return sorted(label_set)
+
+
+def _elmo_inputs(
+    config: TaskConfig, splits: dict, train_all: list, dev: list, test: list, keep: list[int], log
+) -> tuple[dict, float, float]:
+    """The ELMo model's record for the results, with its layers cached and attached to
+    ``splits`` when it is not fine-tuned (``config``'s ELMo sizes filled in); also the CPU and
+    wall seconds the cache took."""
     elmo_info: dict = {"model": None}
     cache_cpu = cache_wall = 0.0
     if config.elmo is not None:
@@ -566,16 +649,36 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
             config.model.elmo_layers = cached["train"].num_layers
             config.model.elmo_dim = cached["train"].dim
             cache_cpu, cache_wall = time.process_time() - c0, time.perf_counter() - w0
+    return elmo_info, cache_cpu, cache_wall
 
-    _seed_everything(config.seed)
-    model = build_model(config, len(words), labels, config.elmo)
-    trainable = [p for p in model.parameters() if p.requires_grad]
+
+@dataclass
+class _Fit:
+    """What training a task model did: its rounds and the best dev round's weights."""
+
+    best_state: dict | None
+    best_epoch: int
+    history: list[dict]
+    epochs: int
+    epochs_per_round: int
+    batches_per_epoch: int
+
+
+def _fit(
+    model: Tagger | Classifier,
+    trainable: list,
+    splits: dict,
+    dev: list,
+    labels: list[str],
+    config: TaskConfig,
+    log,
+) -> _Fit:
+    """Train with Adam in rounds of ``round_updates`` updates, scoring dev after each round and
+    stopping after ``patience`` rounds without a gain."""
+    task, tagging = config.task, config.task != "sentiment"
     optimizer = torch.optim.Adam(
         _param_groups(model, trainable, config), lr=config.lr, weight_decay=config.weight_decay
     )
-    n_params = sum(p.numel() for p in trainable)
-    log(f"model: {type(model).__name__}, {n_params:,} trained parameters")
-
     metric = METRICS[task]
     rng = random.Random(config.seed)
     drop_rng = torch.Generator().manual_seed(config.seed)
@@ -629,60 +732,7 @@ def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: st
         if stale >= config.patience:
             log(f"early stop: no dev gain for {config.patience} rounds")
             break
-    epochs_run = epoch
-
-    if best_state is not None:  # None: no round improved on -inf (dev scores of NaN)
-        model.load_state_dict(best_state)
-    dev_pred = _predict(model, splits["dev"], labels, config)
-    test_pred = _predict(model, splits["test"], labels, config)
-    dev_scores, test_scores = score(task, dev, dev_pred), score(task, test, test_pred)
-    stage = _stage(out)  # the results appear together, or none of them
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    _write_predictions(stage / "dev.predictions.txt", splits["dev"], dev_pred, task, config.overwrite)
-    _write_predictions(stage / "test.predictions.txt", splits["test"], test_pred, task, config.overwrite)
-
-    config_dict = asdict(config)
-    save_model(stage, model, config_dict, list(words), labels, elmo_info, config.overwrite)
-    metrics = {
-        "task": task,
-        "metric": metric,
-        "dev": dev_scores[metric],
-        "test": test_scores[metric],
-        "dev_scores": dev_scores,
-        "test_scores": test_scores,
-        "seed": config.seed,
-        "train_fraction": config.train_fraction,
-        "train_sentences": len(train),
-        "train_tokens": sum(len(ex.tokens) for ex in train),
-        "elmo": elmo_info["model"],
-        "elmo_details": elmo_info,
-        "fine_tune_elmo": config.fine_tune_elmo,
-        "elmo_dtype": config.elmo_dtype if config.elmo is not None else None,
-        "binary": config.binary if task == "sentiment" else None,
-        "epochs": epochs_run,
-        "best_epoch": best_epoch,
-        "rounds": len(history),
-        "epochs_per_round": epochs_per_round,
-        "updates": epochs_run * batches_per_epoch,
-        "trained_parameters": n_params,
-        "labels": labels,
-        "history": history,
-        "cpu_seconds": time.process_time() - cpu0,
-        "wall_seconds": time.perf_counter() - wall0,
-        "elmo_cache_cpu_seconds": cache_cpu,
-        "elmo_cache_wall_seconds": cache_wall,
-        "threads": torch.get_num_threads(),
-        "config": config_dict,
-        "command": command,
-    }
-    write_json(stage / "metrics.json", metrics, config.overwrite)
-    _commit(stage, out, config.overwrite)
-    log(
-        f"{task} {metric}: dev {metrics['dev']:.2f}, test {metrics['test']:.2f} (best epoch {best_epoch}); "
-        f"{metrics['cpu_seconds']:.0f} CPU s, {metrics['wall_seconds']:.0f} wall s -> {out / 'metrics.json'}"
-    )
-    return metrics
+    return _Fit(best_state, best_epoch, history, epoch, epochs_per_round, batches_per_epoch)
 
 
 # -- model files ------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Build the TF-Hub fixture modules of tests/fixtures/tfhub and TensorFlow's outputs for them.
 
 Runs in its own environment, never in elmokit's: Python 3.11 with tensorflow-cpu 2.15,
-tensorflow-hub 0.16.1 and h5py, plus a checkout of allenai/bilm-tf (its ``bilm`` package, TF1
+tensorflow-hub 0.15.0 (0.16 dropped the TF1 module API) and h5py, plus a checkout of allenai/bilm-tf (its ``bilm`` package, TF1
 code, run through ``tf.compat.v1``). The tests do not need it; they read what it wrote.
 
     python scripts/make_tfhub_fixtures.py --bilm-tf BILM_TF_CHECKOUT --out tests/fixtures/tfhub

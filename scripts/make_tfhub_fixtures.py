@@ -1,8 +1,9 @@
 """Build the TF-Hub fixture modules of tests/fixtures/tfhub and TensorFlow's outputs for them.
 
 Runs in its own environment, never in elmokit's: Python 3.11 with tensorflow-cpu 2.15,
-tensorflow-hub 0.15.0 (0.16 dropped the TF1 module API) and h5py, plus a checkout of allenai/bilm-tf (its ``bilm`` package, TF1
-code, run through ``tf.compat.v1``). The tests do not need it; they read what it wrote.
+tensorflow-hub 0.15.0 (0.16 dropped the TF1 module API) and h5py, plus a checkout of
+allenai/bilm-tf (its ``bilm`` package, TF1 code, run through ``tf.compat.v1``).
+The tests do not need it; they read what it wrote.
 
     python scripts/make_tfhub_fixtures.py --bilm-tf BILM_TF_CHECKOUT --out tests/fixtures/tfhub
 
@@ -31,12 +32,14 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_hub as hub
 
-tf1 = tf.compat.v1
+# TensorFlow is imported by main() (after --help), so this script's help needs no TensorFlow
+tf: Any = None
+tf1: Any = None
+hub: Any = None
 
 MAX_BATCH = 8  # bilm-tf's max_batch_size: rows of the LSTM state variables
 AGG_WEIGHTS = np.array([0.4, -0.7, 1.2], dtype=np.float32)
@@ -44,16 +47,28 @@ AGG_SCALING = np.float32(1.7)
 BOW, EOW, PAD, BOS, EOS = 258, 259, 260, 256, 257
 
 DEFAULT_CALLS = [
-    ["the cat sat on the mat", "dogs   bark", "a supercalifragilisticexpialidocious-and-longer-than-fifty-bytes word"],
+    [
+        "the cat sat on the mat",
+        "dogs   bark",
+        "a supercalifragilisticexpialidocious-and-longer-than-fifty-bytes word",
+    ],
     ["héllo wörld again", "mat"],
 ]
 TOKENS_CALLS = [
     (
-        [["the", "cat", "is", "on", "the", "mat"], ["dogs", "are", "in", "fog", "IGNORED", "x"], ["one", "", "", "", "", ""]],
+        [
+            ["the", "cat", "is", "on", "the", "mat"],
+            ["dogs", "are", "in", "fog", "IGNORED", "x"],
+            ["one", "", "", "", "", ""],
+        ],
         [6, 4, 1],
     ),
     (
-        [["the", "cat", "is", "on", "the", "mat"], ["dogs", "are", "in", "fog", "IGNORED", "x"], ["one", "", "", "", "", ""]],
+        [
+            ["the", "cat", "is", "on", "the", "mat"],
+            ["dogs", "are", "in", "fog", "IGNORED", "x"],
+            ["one", "", "", "", "", ""],
+        ],
         [6, 4, 1],
     ),
 ]
@@ -109,8 +124,10 @@ def module_fn_for(options_file: Path, weight_file: Path, bilm):
         sentences = tf1.placeholder(tf.string, [None])
         split = tf1.string_split(sentences)  # at ' ', empty pieces dropped
         tokens = tf1.sparse_tensor_to_dense(split, default_value="")
-        lengths = tf.cast(tf.math.bincount(tf.cast(split.indices[:, 0], tf.int32),
-                                           minlength=tf.shape(sentences)[0]), tf.int32)
+        lengths = tf.cast(
+            tf.math.bincount(tf.cast(split.indices[:, 0], tf.int32), minlength=tf.shape(sentences)[0]),
+            tf.int32,
+        )
         hub.add_signature("default", sentences, outputs(model, tokens, lengths, weights, scaling, options))
         tok = tf1.placeholder(tf.string, [None, None])
         seq = tf1.placeholder(tf.int32, [None])
@@ -160,12 +177,17 @@ def run_module(module_dir: Path) -> dict[str, np.ndarray]:
 def save_checkpoint_values(prefix: Path, target: Path) -> None:
     reader = tf.train.load_checkpoint(str(prefix))
     values = {name: reader.get_tensor(name) for name in sorted(reader.get_variable_to_shape_map())}
-    np.savez_compressed(target, names=np.array(list(values)), **{f"v{i}": v for i, v in enumerate(values.values())})
+    np.savez_compressed(
+        target, names=np.array(list(values)), **{f"v{i}": v for i, v in enumerate(values.values())}
+    )
 
 
 def rename_lstm(name: str) -> str:
-    for new, old in (("rnn/lstm_cell/projection/kernel", "LSTMCell/W_P_0"),
-                     ("rnn/lstm_cell/kernel", "LSTMCell/W_0"), ("rnn/lstm_cell/bias", "LSTMCell/B")):
+    for new, old in (
+        ("rnn/lstm_cell/projection/kernel", "LSTMCell/W_P_0"),
+        ("rnn/lstm_cell/kernel", "LSTMCell/W_0"),
+        ("rnn/lstm_cell/bias", "LSTMCell/B"),
+    ):
         if name.endswith(new):
             return name[: -len(new)] + old
     return name
@@ -193,6 +215,11 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("src/elmokit/models/elmo-tiny-reference"))
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/tfhub"))
     args = parser.parse_args()
+    global tf, tf1, hub
+    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow_hub as hub  # noqa: PLC0415
+
+    tf1 = tf.compat.v1
     tf1.disable_v2_behavior()
     sys.path.insert(0, str(args.bilm_tf))
     real_tf = sys.modules["tensorflow"]

@@ -112,7 +112,9 @@ def test_a_folder_that_is_not_elmo_is_refused_naming_the_variable(tmp_path, old,
     data = index.read_bytes()
     assert data.count(old) == 1
     index.write_bytes(data.replace(old, new))
-    with pytest.raises(TfHubError, match=re.escape(f"not a TF-Hub ELMo module: its checkpoint has no variable {missing}")):
+    with pytest.raises(
+        TfHubError, match=re.escape(f"not a TF-Hub ELMo module: its checkpoint has no variable {missing}")
+    ):
         BiLM.from_pretrained(folder)
 
 
@@ -191,7 +193,10 @@ def test_both_signatures_reproduce_tensorflow_over_two_calls(folder, reference):
 
 def test_state_padding_and_call_forms(reference):
     module = Module(HERE / "module")
-    inputs = {"tokens": reference["tokens/0/input_tokens"], "sequence_len": reference["tokens/0/input_sequence_len"]}
+    inputs = {
+        "tokens": reference["tokens/0/input_tokens"],
+        "sequence_len": reference["tokens/0/input_sequence_len"],
+    }
     first = module(inputs, signature="tokens", as_dict=True)
     second = module(inputs, signature="tokens", as_dict=True)
     assert np.abs(first["elmo"] - second["elmo"]).max() > 1e-3  # the carried state changes the second call
@@ -200,7 +205,9 @@ def test_state_padding_and_call_forms(reference):
     for row, n in enumerate(lengths):
         assert not first["lstm_outputs1"][row, n:].any() and not first["lstm_outputs2"][row, n:].any()
         if n < len(inputs["tokens"][row]):
-            np.testing.assert_array_equal(first["word_emb"][row, n:], first["word_emb"][2, 1:2].repeat(6 - n, 0))
+            np.testing.assert_array_equal(
+                first["word_emb"][row, n:], first["word_emb"][2, 1:2].repeat(6 - n, 0)
+            )
     module.reset_states()
     again = module(inputs, signature="tokens", as_dict=False)
     np.testing.assert_array_equal(again, first["default"])
@@ -208,7 +215,9 @@ def test_state_padding_and_call_forms(reference):
     changed = inputs["tokens"].copy()
     changed[1, 4] = "something else"
     module.reset_states()
-    np.testing.assert_array_equal(module({**inputs, "tokens": changed}, signature="tokens")[1], first["default"][1])
+    np.testing.assert_array_equal(
+        module({**inputs, "tokens": changed}, signature="tokens")[1], first["default"][1]
+    )
     # bytes as TensorFlow gives them
     module.reset_states()
     as_bytes = [s.encode("utf-8") for s in reference["default/0/input"]]

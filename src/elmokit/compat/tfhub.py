@@ -185,13 +185,17 @@ def _split_sentences(inputs: Any) -> tuple[list[list[str]], int]:
 def _token_rows(inputs: Any) -> tuple[list[list[str]], int]:
     """The tokens signature's input: each row's tokens before its ``sequence_len``."""
     if not isinstance(inputs, Mapping) or set(inputs) != {"tokens", "sequence_len"}:
-        raise ValueError('the tokens signature takes {"tokens": (batch, max_len) strings, "sequence_len": (batch,)}')
+        raise ValueError(
+            'the tokens signature takes {"tokens": (batch, max_len) strings, "sequence_len": (batch,)}'
+        )
     tokens = np.asarray(inputs["tokens"], dtype=object)
     lengths = np.asarray(inputs["sequence_len"])
     if tokens.ndim != 2 or tokens.shape[0] == 0:
         raise ValueError(f"tokens must be a non-empty 2-D (batch, max_len) array, got shape {tokens.shape}")
     if lengths.shape != (tokens.shape[0],) or lengths.dtype.kind not in "iu":
-        raise ValueError(f"sequence_len must be ({tokens.shape[0]},) integers, got {lengths.dtype} {lengths.shape}")
+        raise ValueError(
+            f"sequence_len must be ({tokens.shape[0]},) integers, got {lengths.dtype} {lengths.shape}"
+        )
     width = tokens.shape[1]
     if ((lengths < 0) | (lengths > width)).any():
         raise ValueError(f"sequence_len must lie in 0..{width} (the tokens' max_len), got {lengths.tolist()}")

@@ -31,7 +31,7 @@ MAX_TENSOR_BYTES = 64 * 2**30
 _MAGIC = 0xDB4775248B80FB57  # LevelDB's table magic number, as TensorFlow's tables use it
 _FOOTER = 48
 # TensorFlow's DataType enum -> numpy (the numeric ones a model's variables use)
-_DTYPES = {
+_DTYPES: dict[int, np.dtype] = {
     1: np.dtype("<f4"),
     2: np.dtype("<f8"),
     3: np.dtype("<i4"),
@@ -125,7 +125,9 @@ class Checkpoint:
         if offset < 0 or size < 4 or offset + size + 5 > len(data):
             raise self._fail(f"a block at {offset} of {size} bytes lies outside the file")
         if data[offset + size] != 0:
-            raise self._fail(f"a block compressed with method {data[offset + size]}; only uncompressed ones are read")
+            raise self._fail(
+                f"a block compressed with method {data[offset + size]}; only uncompressed ones are read"
+            )
         block = data[offset : offset + size]
         n_restarts = struct.unpack("<I", block[-4:])[0]
         end = size - 4 - 4 * n_restarts
@@ -190,7 +192,9 @@ class Checkpoint:
             if number == 1 and isinstance(field, int):
                 self.num_shards = field
             elif number == 2 and field == 1:
-                raise CheckpointError(f"{self.index_file}: a big-endian checkpoint; only little-endian ones are read")
+                raise CheckpointError(
+                    f"{self.index_file}: a big-endian checkpoint; only little-endian ones are read"
+                )
         if not 1 <= self.num_shards <= 10_000:
             raise self._fail(f"{self.num_shards} data shards")
 
@@ -201,7 +205,8 @@ class Checkpoint:
             raise self._fail(f"a tensor name that is not UTF-8 ({key[:40]!r})") from None
 
     def _entry(self, name: str, value: bytes) -> TensorEntry:
-        dtype_id, shape, shard, offset, size, sliced = 0, (), 0, 0, 0, False
+        dtype_id, shard, offset, size, sliced = 0, 0, 0, 0, False
+        shape: tuple[int, ...] = ()
         for number, field in self._fields(value):
             if number == 1 and isinstance(field, int):
                 dtype_id = field
@@ -273,4 +278,6 @@ class Checkpoint:
             raw = handle.read(entry.size)
         if len(raw) != entry.size:
             raise CheckpointError(f"{where}: {path} was cut short while reading")
-        return np.frombuffer(raw, dtype=entry.dtype).reshape(entry.shape).astype(entry.dtype.newbyteorder("="))
+        return (
+            np.frombuffer(raw, dtype=entry.dtype).reshape(entry.shape).astype(entry.dtype.newbyteorder("="))
+        )

@@ -98,7 +98,9 @@ def read_tfhub(folder: str | Path, require_aggregation: bool = False) -> TfHubMo
         kernel = need(name, "the first char CNN filter")
         one, width, depth, count = shape(kernel, name, 4)
         if one != 1 or depth != embed_dim:
-            raise TfHubError(f"{folder}: variable {name!r} has shape {kernel.shape}, not (1, width, {embed_dim}, n)")
+            raise TfHubError(
+                f"{folder}: variable {name!r} has shape {kernel.shape}, not (1, width, {embed_dim}, n)"
+            )
         arrays[f"CNN/W_cnn_{k}"] = kernel
         arrays[f"CNN/b_cnn_{k}"] = need(f"{SCOPE}CNN/b_cnn_{k}", f"the bias of filter {k}")
         filters.append([width, count])

@@ -355,7 +355,7 @@ def load_weight_arrays(bilm: _WeightedBiLM, arrays: Mapping[str, np.ndarray], so
             value = np.asarray(arrays[entry.name], dtype=np.float32)
             if tuple(value.shape) != expected:
                 raise WeightFileError(
-                    f"{source}: {entry.name!r} has shape {tuple(value.shape)} but the options imply {expected}"
+                    f"{source}: {entry.name!r} has shape {tuple(value.shape)}, the options imply {expected}"
                 )
             if not np.isfinite(value).all():
                 raise WeightFileError(f"{source}: {entry.name!r} holds non-finite values")

@@ -129,6 +129,20 @@ def test_the_layer_mix_is_required_by_the_compat_module_only(tmp_path):
         Module(folder)
 
 
+def test_model_option_takes_a_module_folder(tmp_path, capsys):
+    import h5py
+
+    text = tmp_path / "in.txt"
+    text.write_text("the cat sat\ndogs bark\n", encoding="utf-8")
+    for model, out in ((HERE / "module-lstmcell", "a.hdf5"), ("elmo-tiny-reference", "b.hdf5")):
+        code, _, err = _cli(capsys, "embed", "--model", model, "--mode", "zero", "--quiet", text, tmp_path / out)
+        assert code == 0, err
+    with h5py.File(tmp_path / "a.hdf5") as a, h5py.File(tmp_path / "b.hdf5") as b:
+        assert sorted(a) == sorted(b)
+        for key in ("0", "1"):
+            np.testing.assert_array_equal(a[key][...], b[key][...])
+
+
 # -- elmokit convert ---------------------------------------------------------------------------
 def _cli(capsys, *args: object) -> tuple[int, str, str]:
     from elmokit.cli import main

@@ -248,3 +248,12 @@ def test_bad_calls_are_refused():
         module(["a b"], signature="tokens")
     with pytest.raises(TypeError, match="not one string"):
         module("a b")
+
+
+def test_the_char_cnn_activation_comes_from_the_graph(tmp_path):
+    folder = _copy(tmp_path)
+    assert read_tfhub(folder).options.char_cnn.activation == "relu"
+    graph = folder / "saved_model.pb"
+    # the node names straddle the scanner's 1 MiB chunks
+    graph.write_bytes(b"\0" * (2**20 - 6) + b"bilm/CNN/Tanh" + b"\0" * 10 + b"bilm/CNN/Tanh_1")
+    assert read_tfhub(folder).options.char_cnn.activation == "tanh"

@@ -184,17 +184,26 @@ def _lstm_name(names: set[str], direction: int, layer: int, part: str) -> str | 
 
 
 _ACTIVATION = re.compile(rb"bilm/CNN/(Relu|Tanh)")
+_CHUNK, _OVERLAP = 2**20, 16
 
 
 def _activation(folder: Path) -> str:
     """The char CNN's activation, from the graph's node names (relu, bilm-tf's usual, when the
-    graph names neither)."""
+    graph names neither). The graph file is scanned in chunks: it may hold every weight as a
+    constant."""
     for name in ("saved_model.pb", "tfhub_module.pb"):
         path = folder / name
-        if path.is_file() and path.stat().st_size <= 2**31:
-            found = {m.group(1) for m in _ACTIVATION.finditer(path.read_bytes())}
-            if found == {b"Tanh"}:
-                return "tanh"
-            if found:
-                return "relu"
+        if not path.is_file():
+            continue
+        found: set[bytes] = set()
+        tail = b""
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                window = tail + chunk
+                found |= {m.group(1) for m in _ACTIVATION.finditer(window)}
+                tail = window[-_OVERLAP:]
+        if found == {b"Tanh"}:
+            return "tanh"
+        if found:
+            return "relu"
     return "relu"

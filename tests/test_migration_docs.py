@@ -18,7 +18,7 @@ from elmokit.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("migrating*.md"))
-PEERS = ("allennlp", "flair", "bio-embeddings", "simple-elmo", "manylangs")
+PEERS = ("allennlp", "flair", "bio-embeddings", "simple-elmo", "manylangs", "tfhub")
 CODE = re.compile(r"`([^`]+)`")
 
 

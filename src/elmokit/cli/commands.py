@@ -394,6 +394,44 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def convert_command(args: argparse.Namespace) -> int:
+    """Write a TF-Hub module folder once in bilm-tf's layout (options.json + weights.hdf5)."""
+    from ..base.atomic import check_outputs_in
+    from ..model.bilm import BiLM
+
+    source = resolve_model(args.module)
+    if source.kind != "tfhub" or source.folder is None:
+        raise ValueError(
+            f"{args.module} is not a TF-Hub module folder (saved_model.pb + variables/); convert writes "
+            "a TF-Hub module in bilm-tf's layout, every other model is used as it is"
+        )
+    module, out = source.folder.resolve(), Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a folder")
+    if out.resolve() == module or module in out.resolve().parents:
+        raise ValueError(f"{out} is inside the module folder {module}; write to another folder")
+    names = ("options.json", "weights.hdf5")
+    inputs = [p for p in module.rglob("*") if p.is_file()]
+    check_outputs_in(out, names, args.overwrite, inputs)
+    bilm = BiLM.from_tfhub(module)
+    created = not out.exists()
+    new = [name for name in names if not (out / name).exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        bilm.save(out / names[0], out / names[1])
+    except BaseException:
+        for name in new:  # what this command wrote, nothing else
+            (out / name).unlink(missing_ok=True)
+        if created:
+            try:
+                out.rmdir()
+            except OSError:
+                pass
+        raise
+    print(f"wrote {out}/options.json, weights.hdf5 (bilm-tf's layout) from the TF-Hub module {module}")
+    return 0
+
+
 def export_onnx_command(args: argparse.Namespace) -> int:
     """Write a model as one ONNX graph (elmokit.embed.onnx_export): dynamic batch and length, state in
     and out, the start state inside."""
@@ -1091,6 +1129,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
     _add_checkpoint_choice(p)
     p.set_defaults(func=export_command)
+
+    p = sub.add_parser(
+        "convert",
+        help="write a TF-Hub module folder in bilm-tf's layout (options.json + weights.hdf5)",
+    )
+    p.add_argument("module", help="a TF-Hub ELMo module folder (saved_model.pb + variables/)")
+    p.add_argument("out_dir", help="folder to write options.json and weights.hdf5 into")
+    p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
+    p.set_defaults(func=convert_command)
 
     p = sub.add_parser("export-onnx", help="write a model as one ONNX graph (dynamic shapes, LSTM state)")
     p.add_argument("model", help=MODEL_HELP)

@@ -7,7 +7,9 @@ A model can be given as
   downloaded into the cache on first use);
 - a model folder: ``options.json`` and one weight file (``weights.hdf5``, ``model.hdf5`` or
   ``lm_weights.hdf5``, as publishers name them; else AllenNLP's ``*_options.json`` +
-  ``*_weights.hdf5``), or an ELMoForManyLangs folder;
+  ``*_weights.hdf5``), an ELMoForManyLangs folder, or a TF-Hub module folder (``saved_model.pb``
+  + ``variables/``, as unpacked from tfhub.dev's or Kaggle's .tar.gz; ``elmokit.model.tfhub``
+  reads it);
 - a ``.zip`` archive (NLPL's layout), checked and unpacked safely into the cache, keyed by its
   content;
 - an http(s) URL of such an archive (downloaded into the cache, keyed by the URL);
@@ -35,6 +37,7 @@ __all__ = [
     "ModelSource",
     "download_model",
     "is_manylangs_folder",
+    "is_tfhub_folder",
     "model_files",
     "resolve_file",
     "resolve_model",
@@ -44,14 +47,16 @@ WEIGHT_NAMES = ("weights.hdf5", "model.hdf5", "lm_weights.hdf5")
 OPTIONS_NAME = "options.json"
 EXTRA_NAMES = {"vocab": ("vocab.txt", "vocab.txt.gz"), "softmax": ("softmax.hdf5",)}
 MANYLANGS_FILES = ("char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")  # + config.json
+TFHUB_GRAPHS = ("saved_model.pb", "tfhub_module.pb")  # + variables/variables.index
 _IGNORED = ("__MACOSX",)
 _MAX_DEPTH = 3  # an archive or folder may hold the model a few single folders down
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model's files are. ``kind``: "bilm" (options.json + HDF5 weights) or
-    "manylangs" (an ELMoForManyLangs folder: ``folder`` set, no options/weight file).
+    """Where a model's files are. ``kind``: "bilm" (options.json + HDF5 weights),
+    "manylangs" (an ELMoForManyLangs folder: ``folder`` set, no options/weight file) or "tfhub"
+    (a TF-Hub module folder: ``folder`` set, no options/weight file).
     ``origin``: how it was given: "shipped", "registry", "folder", "archive", "url", "hf" or
     "files".
     ``extras``: other files of the model found beside the weights ("vocab", "softmax").
@@ -82,6 +87,12 @@ class ModelSource:
     def files(self) -> tuple[Path, Path]:
         """(options file, weight file); a ValueError for an ELMoForManyLangs model."""
         if self.options_file is None or self.weight_file is None:
+            if self.kind == "tfhub":
+                raise ValueError(
+                    f"{self.spec} is a TF-Hub module (no options.json + weights): load it with "
+                    "elmokit.BiLM.from_pretrained or give it as --model, or write it in bilm-tf's layout "
+                    "with `elmokit convert`"
+                )
             raise ValueError(
                 f"{self.spec} is an ELMoForManyLangs model (no options.json + weights): load it with "
                 "elmokit.BiLM.from_pretrained or give it as --model"
@@ -280,6 +291,16 @@ def is_manylangs_folder(folder: Path) -> bool:
     return any((folder / name).is_file() for name in MANYLANGS_FILES)
 
 
+def is_tfhub_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a TF-Hub module (or TF1 SavedModel) folder: ``saved_model.pb`` or
+    ``tfhub_module.pb`` beside ``variables/variables.index``; ``elmokit.model.tfhub`` names any
+    variable an ELMo module lacks when it reads the folder."""
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "variables" / "variables.index").is_file():
+        return False
+    return any((folder / name).is_file() for name in TFHUB_GRAPHS)
+
+
 def _from_folder(
     folder: Path, spec: str, origin: str, name: str | None = None, what: str = "model folder"
 ) -> ModelSource:
@@ -287,6 +308,8 @@ def _from_folder(
     for _ in range(_MAX_DEPTH):
         if is_manylangs_folder(folder):
             return ModelSource(spec=spec, origin=origin, kind="manylangs", folder=folder, name=name)
+        if is_tfhub_folder(folder):
+            return ModelSource(spec=spec, origin=origin, kind="tfhub", folder=folder, name=name)
         entries = _listing(folder)
         if any(p.is_file() for p in entries):
             break
@@ -337,7 +360,7 @@ def _from_folder(
 
 
 def _holds_model(folder: Path) -> bool:
-    if is_manylangs_folder(folder):
+    if is_manylangs_folder(folder) or is_tfhub_folder(folder):
         return True
     names = {p.name for p in _listing(folder)}
     return OPTIONS_NAME in names and any(n in names for n in WEIGHT_NAMES)

@@ -31,7 +31,8 @@ from .inputs import InputScheme
 from .lstm import BiLstm, LstmState, Packing, needs_autograd
 from .manylangs import read_manylangs
 from .options import BiLMOptions
-from .weights import check_weight_shapes, load_weights, save_options, save_weights
+from .tfhub import read_tfhub
+from .weights import check_weight_shapes, load_weight_arrays, load_weights, save_options, save_weights
 
 __all__ = ["DEFAULT_WINDOW", "BiLM", "BiLMOutput", "CarriedState", "StateArg", "StatefulBiLM"]
 
@@ -133,10 +134,13 @@ class BiLM(nn.Module):
     ) -> BiLM:
         """A pretrained biLM in eval mode, from a model given in any form
         ``elmokit.hub.resolve_model`` takes (None: the default shipped model): a shipped or
-        known model's name, a folder of bilm-tf, AllenNLP or ELMoForManyLangs layout, an NLPL
-        .zip, an http(s) URL, ``hf://owner/name[@revision]``. ``stateful=True`` gives a
+        known model's name, a folder of bilm-tf, AllenNLP or ELMoForManyLangs layout, a TF-Hub
+        module folder, an NLPL .zip, an http(s) URL, ``hf://owner/name[@revision]``. ``stateful=True`` gives a
         ``StatefulBiLM``, which carries states between calls as bilm-tf and AllenNLP do."""
         source = resolve_model(spec, progress=progress)
+        if source.kind == "tfhub":
+            assert source.folder is not None  # a TF-Hub module is a folder
+            return cls.from_tfhub(source.folder, stateful=stateful)
         if source.kind != "manylangs":
             bilm = BiLM.load(*source.files(), stateful=stateful)
         else:
@@ -145,6 +149,15 @@ class BiLM(nn.Module):
             bilm = (StatefulBiLM if stateful else BiLM)(model.options, model.inputs)
             bilm.load_state_dict(model.tensors)
         bilm.source_files = source.input_files()  # its archive too, and the vocabulary, softmax
+        return bilm.eval()
+
+    @classmethod
+    def from_tfhub(cls, folder: str | Path, *, stateful: bool = False) -> BiLM:
+        """The biLM of a TF-Hub module folder (``elmokit.model.tfhub``), in eval mode, no start
+        state (bilm-tf's graph starts from zeros)."""
+        module = read_tfhub(folder)
+        bilm = (StatefulBiLM if stateful else BiLM)(module.options)
+        load_weight_arrays(bilm, module.arrays, f"{module.folder} (TF-Hub module)")
         return bilm.eval()
 
     def save(self, options_file: str | Path, weight_file: str | Path) -> None:

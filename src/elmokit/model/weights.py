@@ -41,6 +41,7 @@ __all__ = [
     "create_hdf5",
     "has_start_state",
     "load_softmax",
+    "load_weight_arrays",
     "load_weights",
     "lstm_cell_prefix",
     "open_hdf5",
@@ -448,6 +449,29 @@ def load_weights(bilm: _WeightedBiLM, weight_file: str | Path) -> None:
     with open_hdf5(path) as handle:
         _read(handle, path, bilm, _bilm_table(bilm.options), "the options")
         bilm.set_start_state(_read_start_state(bilm.options, handle, path))
+
+
+def load_weight_arrays(bilm: _WeightedBiLM, arrays: Mapping[str, np.ndarray], source: str) -> None:
+    """Copy arrays named as the datasets of a weight file (another format's tensors, renamed by
+    its reader, e.g. ``elmokit.model.tfhub``) into a ``BiLM``, each checked as a dataset is: present,
+    of the shape ``bilm.options`` imply, finite. ``source`` names where they come from."""
+    table = _bilm_table(bilm.options)
+    params = _parameters(bilm, table)
+    with torch.no_grad():
+        for entry in table:
+            tensors = _model_tensors(params, entry)
+            expected = tuple(entry.transform.to_file(tensors).shape)
+            if entry.name not in arrays:
+                raise WeightFileError(f"{source}: missing {entry.name!r} (shape {expected} expected)")
+            value = np.asarray(arrays[entry.name], dtype=np.float32)
+            if tuple(value.shape) != expected:
+                raise WeightFileError(
+                    f"{source}: {entry.name!r} has shape {tuple(value.shape)}, the options imply {expected}"
+                )
+            if not np.isfinite(value).all():
+                raise WeightFileError(f"{source}: {entry.name!r} holds non-finite values")
+            for tensor, part in zip(tensors, entry.transform.from_file(torch.from_numpy(value), tensors)):
+                tensor.copy_(part)
 
 
 def save_weights(bilm: _WeightedBiLM, weight_file: str | Path) -> None:

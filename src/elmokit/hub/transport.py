@@ -555,44 +555,11 @@ def _transfer(
             raise _RangeRefused() from None
         raise DownloadError(f"HTTP {err.code} {' '.join(str(err.reason).split())} for {url}") from None
     with response:
-        answer = response.headers
-        length = answer.get("Content-Length", "").strip()
-        sent = int(length) if length.isdigit() else None  # bytes on the wire
-        ctype = answer.get_content_type()
-        if ctype in ("text/html", "application/xhtml+xml"):
-            raise ChecksumError(
-                f"{url}: the server sent an HTML page (Content-Type {ctype}), not the file: an error, "
-                "login or captive-portal page; nothing was cached"
-            )
-        encoding = (answer.get("Content-Encoding") or "identity").strip().lower()
-        if encoding not in ("identity", "gzip", "x-gzip"):
-            raise ChecksumError(
-                f"{url}: the server sent the file encoded as {encoding!r} (Content-Encoding), which "
-                "elmokit does not decode; nothing was cached"
-            )
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding != "identity" else None
-        if response.status == 206:
-            start, total = _content_range(answer.get("Content-Range"))
-            saved = resume.saved if resume else {}
-            if (
-                start != have
-                or decoder is not None
-                or (sent is not None and total is not None and start + sent != total)
-                or (saved.get("total") is not None and total != saved["total"])
-                or (_strong_etag(saved.get("etag")) and answer.get("ETag") not in (None, saved["etag"]))
-            ):
-                raise _RangeRefused()
-        else:
-            have, resume = 0, None
-            total = sent if decoder is None else None
-        if expected.size is not None and total is not None and total != expected.size:
-            part.unlink(missing_ok=True)
-            state.unlink(missing_ok=True)
-            raise ChecksumError(
-                f"{url}: the server sends {total:,} bytes but the publisher gives {expected.size:,}; "
-                "nothing was cached"
-            )
-        validators = {"etag": answer.get("ETag"), "last_modified": answer.get("Last-Modified")}
+        have, resume, total, sent, decoder = _checked_answer(url, response, resume, expected, part, state)
+        validators = {
+            "etag": response.headers.get("ETag"),
+            "last_modified": response.headers.get("Last-Modified"),
+        }
         if decoder is not None:  # a decoded body is not resumable (ranges count encoded bytes)
             validators = {"etag": None, "last_modified": None}
         saved_state = {"url": url, **validators, "total": total}
@@ -600,94 +567,9 @@ def _transfer(
         write_json(state, {**saved_state, "checked": [have, resume.sha256.hexdigest()] if resume else None})
         if total is not None:
             _check_space(url, entry, total - have)
-        sha256 = resume.sha256 if resume else hashlib.sha256()
-        md5 = resume.md5 if resume else hashlib.md5()
-        received, wire = have, 0
-        checkpoint = have
-
-        def save_checkpoint() -> None:
-            if received:
-                write_json(state, {**saved_state, "checked": [received, sha256.hexdigest()]})
-
-        # unbuffered, and read1 hands over what has arrived: the part file on disk follows the
-        # download, so a killed process leaves all it received for the next attempt to resume
-        window_start, window_bytes = time.monotonic(), 0
-        saved_at = window_start
-        with (
-            open(part, "ab" if have else "wb", buffering=0) as out,
-            _bar(final.name, total, have, progress) as bar,
-        ):
-            try:
-                while True:
-                    chunk = response.read1(CHUNK)
-                    if not chunk:
-                        break
-                    wire += len(chunk)
-                    window_bytes += len(chunk)
-                    if decoder is not None:
-                        chunk = decoder.decompress(chunk)
-                        if received + len(chunk) > MAX_GZIP_RATIO * wire + CHUNK:
-                            raise _Refused(
-                                f"the gzip-encoded body expands more than {MAX_GZIP_RATIO}x (a gzip bomb)"
-                            )
-                    out.write(chunk)
-                    sha256.update(chunk)
-                    md5.update(chunk)
-                    received += len(chunk)
-                    bar.update(len(chunk))
-                    now = time.monotonic()
-                    if decoder is None and (
-                        received - checkpoint >= CHECKPOINT_BYTES or now - saved_at >= CHECKPOINT_SECONDS
-                    ):
-                        save_checkpoint()
-                        checkpoint, saved_at = received, now
-                    if now - window_start >= RATE_WINDOW:
-                        if window_bytes < MIN_RATE * (now - window_start):
-                            raise _TooSlow(window_bytes, now - window_start)
-                        window_start, window_bytes = now, 0
-                if decoder is not None:
-                    rest = decoder.flush()
-                    if not decoder.eof:
-                        raise _Refused("the gzip-encoded body is cut short or damaged")
-                    out.write(rest)
-                    sha256.update(rest)
-                    md5.update(rest)
-                    received += len(rest)
-                out.flush()
-                os.fsync(out.fileno())
-            except _Refused as refused:
-                part.unlink(missing_ok=True)
-                state.unlink(missing_ok=True)
-                raise ChecksumError(f"{url}: {refused}; nothing was cached") from None
-            except zlib.error as err:
-                part.unlink(missing_ok=True)
-                state.unlink(missing_ok=True)
-                raise ChecksumError(
-                    f"{url}: the gzip-encoded body is damaged ({err}); nothing was cached"
-                ) from None
-            except _TooSlow as slow:
-                _quietly(save_checkpoint)
-                raise DownloadError(
-                    f"download of {url} was too slow: {slow.count:,} bytes in {slow.seconds:.0f} s "
-                    f"(under {MIN_RATE:,} bytes/s); {received:,} bytes received, the partial download "
-                    "is kept, run again to resume"
-                ) from None
-            except OSError as err:
-                _quietly(save_checkpoint)
-                if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise DownloadError(
-                        f"disk full: no space left in {entry} for {url} ({received:,}"
-                        f"{f' of {total:,}' if total is not None else ''} bytes written; the partial "
-                        "download is kept and resumes once there is space)"
-                    ) from None
-                raise DownloadError(_cut_short(url, received, total, err)) from None
-            except http.client.HTTPException as err:
-                _quietly(save_checkpoint)
-                raise DownloadError(_cut_short(url, received, total, err)) from None
-        if (sent is not None and wire != sent) or (total is not None and received != total):
-            _quietly(save_checkpoint)
-            raise DownloadError(_cut_short(url, received, total if total is not None else sent, None))
-    digests = {"sha256": sha256.hexdigest(), "md5": md5.hexdigest()}
+        received, digests = _receive(
+            url, response, (entry, final, part, state), saved_state, resume, (total, sent), decoder, progress
+        )
     _verify(url, part, state, received, digests, expected)
     shutil.rmtree(entry / "unpacked", ignore_errors=True)  # made from the file this one replaces
     os.replace(part, final)
@@ -695,6 +577,161 @@ def _transfer(
     state.unlink(missing_ok=True)
     _record(url, entry, final, received, digests)
     return final
+
+
+def _checked_answer(
+    url: str, response: Any, resume: _Resume | None, expected: Expected, part: Path, state: Path
+) -> tuple[int, _Resume | None, int | None, int | None, Any]:
+    """What an answer's headers say, checked: the bytes already held (0 and no resume when the
+    server sends the whole file again), the file's total size and the body's size on the wire
+    (None when not said), and the gzip decoder of an encoded body (None for identity). An HTML
+    page, an unknown encoding or a size other than the publisher's is a ChecksumError; a range
+    answer that does not continue the part is _RangeRefused."""
+    have = resume.have if resume else 0
+    answer = response.headers
+    length = answer.get("Content-Length", "").strip()
+    sent = int(length) if length.isdigit() else None  # bytes on the wire
+    ctype = answer.get_content_type()
+    if ctype in ("text/html", "application/xhtml+xml"):
+        raise ChecksumError(
+            f"{url}: the server sent an HTML page (Content-Type {ctype}), not the file: an error, "
+            "login or captive-portal page; nothing was cached"
+        )
+    encoding = (answer.get("Content-Encoding") or "identity").strip().lower()
+    if encoding not in ("identity", "gzip", "x-gzip"):
+        raise ChecksumError(
+            f"{url}: the server sent the file encoded as {encoding!r} (Content-Encoding), which "
+            "elmokit does not decode; nothing was cached"
+        )
+    decoder = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding != "identity" else None
+    if response.status == 206:
+        start, total = _content_range(answer.get("Content-Range"))
+        saved = resume.saved if resume else {}
+        if (
+            start != have
+            or decoder is not None
+            or (sent is not None and total is not None and start + sent != total)
+            or (saved.get("total") is not None and total != saved["total"])
+            or (_strong_etag(saved.get("etag")) and answer.get("ETag") not in (None, saved["etag"]))
+        ):
+            raise _RangeRefused()
+    else:
+        have, resume = 0, None
+        total = sent if decoder is None else None
+    if expected.size is not None and total is not None and total != expected.size:
+        part.unlink(missing_ok=True)
+        state.unlink(missing_ok=True)
+        raise ChecksumError(
+            f"{url}: the server sends {total:,} bytes but the publisher gives {expected.size:,}; "
+            "nothing was cached"
+        )
+    return have, resume, total, sent, decoder
+
+
+def _receive(
+    url: str,
+    response: Any,
+    paths: tuple[Path, Path, Path, Path],
+    saved_state: dict[str, Any],
+    resume: _Resume | None,
+    sizes: tuple[int | None, int | None],
+    decoder: Any,
+    progress: bool,
+) -> tuple[int, dict[str, str]]:
+    """Append the body to the part file as it arrives, hashing it and checkpointing what was
+    received (so a killed process resumes), within the rate and gzip bounds; returns the bytes
+    of the file received and its digests. ``paths``: the cache entry, the final file, the part
+    and its state file; ``sizes``: the file's total and the body's size on the wire."""
+    entry, final, part, state = paths
+    total, sent = sizes
+    have = resume.have if resume else 0
+    sha256 = resume.sha256 if resume else hashlib.sha256()
+    md5 = resume.md5 if resume else hashlib.md5()
+    received, wire = have, 0
+    checkpoint = have
+
+    def save_checkpoint() -> None:
+        if received:
+            write_json(state, {**saved_state, "checked": [received, sha256.hexdigest()]})
+
+    # unbuffered, and read1 hands over what has arrived: the part file on disk follows the
+    # download, so a killed process leaves all it received for the next attempt to resume
+    window_start, window_bytes = time.monotonic(), 0
+    saved_at = window_start
+    with (
+        open(part, "ab" if have else "wb", buffering=0) as out,
+        _bar(final.name, total, have, progress) as bar,
+    ):
+        try:
+            while True:
+                chunk = response.read1(CHUNK)
+                if not chunk:
+                    break
+                wire += len(chunk)
+                window_bytes += len(chunk)
+                if decoder is not None:
+                    chunk = decoder.decompress(chunk)
+                    if received + len(chunk) > MAX_GZIP_RATIO * wire + CHUNK:
+                        raise _Refused(
+                            f"the gzip-encoded body expands more than {MAX_GZIP_RATIO}x (a gzip bomb)"
+                        )
+                out.write(chunk)
+                sha256.update(chunk)
+                md5.update(chunk)
+                received += len(chunk)
+                bar.update(len(chunk))
+                now = time.monotonic()
+                if decoder is None and (
+                    received - checkpoint >= CHECKPOINT_BYTES or now - saved_at >= CHECKPOINT_SECONDS
+                ):
+                    save_checkpoint()
+                    checkpoint, saved_at = received, now
+                if now - window_start >= RATE_WINDOW:
+                    if window_bytes < MIN_RATE * (now - window_start):
+                        raise _TooSlow(window_bytes, now - window_start)
+                    window_start, window_bytes = now, 0
+            if decoder is not None:
+                rest = decoder.flush()
+                if not decoder.eof:
+                    raise _Refused("the gzip-encoded body is cut short or damaged")
+                out.write(rest)
+                sha256.update(rest)
+                md5.update(rest)
+                received += len(rest)
+            out.flush()
+            os.fsync(out.fileno())
+        except (_Refused, zlib.error, _TooSlow, OSError, http.client.HTTPException) as err:
+            if isinstance(err, (_Refused, zlib.error)):  # nothing of it is kept
+                part.unlink(missing_ok=True)
+                state.unlink(missing_ok=True)
+            else:  # what arrived is kept for the next attempt
+                _quietly(save_checkpoint)
+            raise _receive_error(url, err, entry, received, total) from None
+    if (sent is not None and wire != sent) or (total is not None and received != total):
+        _quietly(save_checkpoint)
+        raise DownloadError(_cut_short(url, received, total if total is not None else sent, None))
+    return received, {"sha256": sha256.hexdigest(), "md5": md5.hexdigest()}
+
+
+def _receive_error(url: str, err: Exception, entry: Path, received: int, total: int | None) -> Exception:
+    """The one-line error of a body that failed while it was received."""
+    if isinstance(err, _Refused):
+        return ChecksumError(f"{url}: {err}; nothing was cached")
+    if isinstance(err, zlib.error):
+        return ChecksumError(f"{url}: the gzip-encoded body is damaged ({err}); nothing was cached")
+    if isinstance(err, _TooSlow):
+        return DownloadError(
+            f"download of {url} was too slow: {err.count:,} bytes in {err.seconds:.0f} s "
+            f"(under {MIN_RATE:,} bytes/s); {received:,} bytes received, the partial download "
+            "is kept, run again to resume"
+        )
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DownloadError(
+            f"disk full: no space left in {entry} for {url} ({received:,}"
+            f"{f' of {total:,}' if total is not None else ''} bytes written; the partial "
+            "download is kept and resumes once there is space)"
+        )
+    return DownloadError(_cut_short(url, received, total, err))
 
 
 class _Refused(Exception):

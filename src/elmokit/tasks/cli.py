@@ -94,6 +94,21 @@ def add_task_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--elmo-lr", type=float, help="with --fine-tune-elmo: the biLM's learning rate (default: --lr)"
     )
+    _add_model_arguments(p.add_argument_group("the task model"), model)
+    _add_cache_arguments(p.add_argument_group("the biLM's layers"), defaults)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=defaults.threads,
+        help="torch CPU threads (default 1: these small models run fastest on one; 0 = torch's default)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier run in --out")
+    p.set_defaults(func=task_command)
+
+
+def _add_model_arguments(p: argparse._ArgumentGroup, model: ModelConfig) -> None:
+    """The task model's arguments: its BiLSTM, token features, and how ELMo enters it."""
     p.add_argument("--hidden", type=int, default=model.hidden, help="BiLSTM cells per direction")
     p.add_argument(
         "--lstm-layers", type=int, default=model.lstm_layers, help="BiLSTM layers of the task model"
@@ -128,6 +143,10 @@ def add_task_arguments(p: argparse.ArgumentParser) -> None:
         "values pull the mix to an average (the paper's lambda: 1 or 0.001) "
         f"(default {model.mix_l2:g})",
     )
+
+
+def _add_cache_arguments(p: argparse._ArgumentGroup, defaults: TaskConfig) -> None:
+    """How the frozen biLM's layers are computed and cached."""
     p.add_argument(
         "--cache-dir", help="where the biLM layers are cached (default ~/.cache/elmokit/task-layers)"
     )
@@ -144,15 +163,6 @@ def add_task_arguments(p: argparse.ArgumentParser) -> None:
         help="the frozen biLM's features: float32 (default) or int8 matmuls (approximate; "
         "docs/export.md); cached under their own key",
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=defaults.threads,
-        help="torch CPU threads (default 1: these small models run fastest on one; 0 = torch's default)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier run in --out")
-    p.set_defaults(func=task_command)
 
 
 def config_from_args(args: argparse.Namespace) -> TaskConfig:

@@ -40,7 +40,7 @@ SHOWN = {"text", "json"}  # output shown to the reader, never run
 NO_RUN = re.compile(r"<!-- no-run: [^>]+ -->\s*$")
 BIN = str(Path(sys.executable).parent)
 # Optional packages a block may need: without them it is syntax-checked only.
-OPTIONAL = {"flair": "flair"}
+OPTIONAL = {"flair": "flair", "pandas": "pandas", "duckdb": "duckdb", "polars": "polars", "pyarrow": "pyarrow"}
 
 
 def _no_run(example: Example) -> bool:

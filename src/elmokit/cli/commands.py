@@ -428,12 +428,15 @@ def _embedder(args: argparse.Namespace):
 
 
 def embed_command(args: argparse.Namespace) -> int:
-    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`); with --nproc N or
-    under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
+    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`) or Parquet; with
+    --nproc N or under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
     from ..base.atomic import check_output
     from ..base.devices import this_process
+    from ..embed.parquet_file import output_format, require_pyarrow
 
-    check_output(args.output, args.overwrite, [args.input])  # before the model is read
+    if output_format(args.output, args.format) == "parquet":  # before the model is read
+        require_pyarrow()
+    check_output(args.output, args.overwrite, [args.input])
     summary = _embedder(args).embed_file(
         args.input,
         args.output,
@@ -444,6 +447,7 @@ def embed_command(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         pooling=args.pooling,
         processes=args.nproc,
+        format=args.format,
     )
     if not args.quiet and this_process().is_main:  # said once under torchrun
         shared = ""
@@ -988,14 +992,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "embed",
-        help="embed a file of sentences into HDF5",
+        help="embed a file of sentences into HDF5 or Parquet",
         description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
         "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
         "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
-        "keeps only its last line number there, as in AllenNLP (-v says how many repeat).",
+        "keeps only its last line number there, as in AllenNLP (-v says how many repeat). An OUTPUT "
+        "named .parquet (or --format parquet) is a Parquet file instead: one row per line with its "
+        "index, its tokens and one column of vectors per layer (docs/embedding.md).",
     )
     p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("output", help="HDF5 file to write")
+    p.add_argument("output", help="HDF5 or Parquet file to write (the format from its suffix)")
+    p.add_argument(
+        "--format",
+        choices=["hdf5", "parquet"],
+        default=None,
+        help="the output's format (default: parquet for a .parquet or .pq OUTPUT, else hdf5; "
+        "parquet needs elmokit[parquet])",
+    )
     _model_arguments(p)
     p.add_argument(
         "--layers",

@@ -437,6 +437,10 @@ def embed_command(args: argparse.Namespace) -> int:
     if output_format(args.output, args.format) == "parquet":  # before the model is read
         require_pyarrow()
     check_output(args.output, args.overwrite, [args.input])
+    if args.engine == "ray":
+        return _embed_on_ray(args)
+    if args.address is not None or args.workers is not None:
+        raise ValueError("--address and --workers go with --engine ray (the local engine takes --nproc)")
     summary = _embedder(args).embed_file(
         args.input,
         args.output,
@@ -457,6 +461,48 @@ def embed_command(args: argparse.Namespace) -> int:
             f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
             f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode "
             f"{args.mode}{shared}) -> {summary.output}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _embed_on_ray(args: argparse.Namespace) -> int:
+    """``elmokit embed --engine ray``: the lines embedded by Ray Data's actors
+    (``elmokit.integrations.ray.embed_file``)."""
+    from ..integrations.ray import embed_file, require_ray
+
+    require_ray()
+    if args.nproc != 1:
+        raise ValueError("--engine ray takes --workers N (Ray's actors), not --nproc")
+    if args.options or args.weights or args.backend != "torch" or args.max_tokens_per_batch is not None:
+        raise ValueError(
+            "--engine ray takes --model (not --options/--weights), the torch backend and no "
+            "--max-tokens-per-batch"
+        )
+    if args.dtype == "int8":
+        raise ValueError("--engine ray runs float32 or bfloat16")
+    summary = embed_file(
+        args.input,
+        args.output,
+        model=args.model,
+        layers=args.layers,
+        pooling=args.pooling,
+        mode=args.mode,
+        dtype=args.dtype,
+        device=args.device,
+        batch_size=args.batch_size,
+        tokenize=args.tokenize,
+        overwrite=args.overwrite,
+        workers=2 if args.workers is None else args.workers,
+        address=args.address,
+        progress=not args.quiet,
+        format=args.format,
+    )
+    if not args.quiet:
+        print(
+            f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
+            f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode {args.mode}, "
+            f"ray, {summary.processes} workers) -> {summary.output}",
             file=sys.stderr,
         )
     return 0
@@ -1045,6 +1091,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--onnx", help="with --backend onnxruntime: the model's file from export-onnx")
     _nproc_argument(p)
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: Ray Data's actors embed the lines, one model each, and this process writes the "
+        "Parquet OUTPUT (needs elmokit[ray]; docs/ray.md)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --engine ray: a running Ray cluster's address (default: a local one)",
+    )
+    p.add_argument(
+        "--workers", type=_ranged(int, low=1), default=None, help="with --engine ray: the actors (default: 2)"
+    )
     p.set_defaults(func=embed_command)
 
     p = sub.add_parser("tokens", help="context-independent token vectors of a vocabulary file")

@@ -24,7 +24,7 @@ only when a file is written or a table built.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +48,7 @@ __all__ = [
     "read_metadata",
     "require_pyarrow",
     "write_parquet",
+    "write_parquet_tables",
 ]
 
 FORMATS = ("hdf5", "parquet")
@@ -199,12 +200,74 @@ def write_parquet(
     beside ``output`` and renamed when complete: on an error, a full disk or an interruption
     nothing is left. Row groups hold at most ``row_group_sentences`` lines and about
     ``row_group_bytes`` bytes of vectors, so memory stays bounded."""
+    if row_group_sentences < 1 or row_group_bytes < 1:
+        raise ValueError("row groups hold at least one sentence and one byte")
+
+    def tables() -> Iterator[pa.Table]:
+        tokens: list[Sequence[str]] = []
+        arrays: list[np.ndarray] = []
+        size = written = 0
+        for row_tokens, array in rows:
+            tokens.append(row_tokens)
+            arrays.append(array)
+            size += layout.row_bytes(array)
+            if len(tokens) >= row_group_sentences or size >= row_group_bytes:
+                yield layout.table(tokens, arrays, first_index + written)
+                written += len(tokens)
+                tokens, arrays, size = [], [], 0
+        if tokens or written == 0:
+            yield layout.table(tokens, arrays, first_index + written)
+
+    return _write_tables(output, overwrite, layout.schema(), tables())
+
+
+def write_parquet_tables(
+    output: Path,
+    overwrite: bool,
+    tables: Iterable[pa.Table],
+    layout: ParquetLayout,
+    first_index: int = 0,
+    row_group_sentences: int = ROW_GROUP_SENTENCES,
+    row_group_bytes: int = ROW_GROUP_BYTES,
+) -> int:
+    """``write_parquet`` of rows that come as tables of ``layout.table(..., first_index=None)``
+    (no ``index`` column; e.g. from Ray's workers), in line order: the index is numbered here,
+    and the tables are gathered into row groups of the same bounds (a larger table is one row
+    group). Returns the number of rows."""
+    arrow = require_pyarrow()
+    schema = layout.schema()
+
+    def grouped() -> Iterator[pa.Table]:
+        pending: list[pa.Table] = []
+        rows = size = written = 0
+        for table in tables:
+            if table.num_rows == 0:
+                continue
+            pending.append(table.select(schema.names[1:]))
+            rows += table.num_rows
+            size += table.nbytes
+            if rows >= row_group_sentences or size >= row_group_bytes:
+                yield _indexed(arrow, arrow.concat_tables(pending), first_index + written, schema)
+                written += rows
+                pending, rows, size = [], 0, 0
+        if pending or written == 0:
+            part = arrow.concat_tables(pending) if pending else schema.empty_table().drop_columns(["index"])
+            yield _indexed(arrow, part, first_index + written, schema)
+
+    return _write_tables(output, overwrite, schema, grouped())
+
+
+def _indexed(arrow: Any, table: pa.Table, first: int, schema: pa.Schema) -> pa.Table:
+    index = arrow.array(np.arange(first, first + table.num_rows, dtype=np.int64))
+    columns = [index, *(table.column(name).combine_chunks() for name in schema.names[1:])]
+    return arrow.Table.from_arrays(columns, schema=schema)
+
+
+def _write_tables(output: Path, overwrite: bool, schema: pa.Schema, tables: Iterable[pa.Table]) -> int:
+    """Write each table as one row group of a new Parquet file, atomically; the rows written."""
     require_pyarrow()
     import pyarrow.parquet as pq
 
-    if row_group_sentences < 1 or row_group_bytes < 1:
-        raise ValueError("row groups hold at least one sentence and one byte")
-    schema = layout.schema()
     written = 0
     with atomic_path(output, overwrite) as tmp, open(tmp, "wb", buffering=1 << 20) as raw:
         # through a Python file, so a full disk raises its OSError (atomic_path reports it)
@@ -216,21 +279,10 @@ def write_parquet(
             write_statistics=["index"],
         )
         try:
-            tokens: list[Sequence[str]] = []
-            arrays: list[np.ndarray] = []
-            size = 0
-            for row_tokens, array in rows:
+            for table in tables:
                 raise_if_signalled()
-                tokens.append(row_tokens)
-                arrays.append(array)
-                size += layout.row_bytes(array)
-                if len(tokens) >= row_group_sentences or size >= row_group_bytes:
-                    writer.write_table(layout.table(tokens, arrays, first_index + written))
-                    written += len(tokens)
-                    tokens, arrays, size = [], [], 0
-            if tokens or written == 0:
-                writer.write_table(layout.table(tokens, arrays, first_index + written))
-                written += len(tokens)
+                writer.write_table(table, row_group_size=max(1, table.num_rows))
+                written += table.num_rows
         except BaseException:
             try:  # the file is removed: only the first error counts
                 writer.close()

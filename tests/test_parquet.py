@@ -213,3 +213,13 @@ def test_two_processes_write_the_parquet_file_of_one(tmp_path):
     assert (tmp_path / "1.parquet").read_bytes() == (tmp_path / "2.parquet").read_bytes()
     assert (tmp_path / "1.pq").read_bytes() == (tmp_path / "2.pq").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1.parquet", "1.pq", "2.parquet", "2.pq", "in.txt"]
+
+
+def test_the_ray_engine_without_ray_names_the_extra(tmp_path, capsys, monkeypatch):
+    source = str(write_lines(tmp_path / "in.txt", LINES))
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    assert main(["embed", source, str(tmp_path / "o.parquet"), "--engine", "ray", "--model", MODEL]) == 2
+    assert capsys.readouterr().err == (
+        "elmokit: error: the ray engine needs the package ray: pip install 'elmokit[ray]'\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]

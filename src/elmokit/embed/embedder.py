@@ -31,6 +31,7 @@ from ..model.characters import EXPECTED_SENTENCES, check_token_lists
 from ..model.int8 import check_int8, quantize_bilm
 from ..model.lstm import LstmState
 from . import _multiprocess_embed as engine
+from .parquet_file import ParquetLayout, output_format, require_pyarrow, write_parquet
 from .vectors_file import (
     TOKEN_BLOCK,
     check_layers,
@@ -174,6 +175,8 @@ class Embedder:
         if bilm is not model:
             bilm.eval()
         self.bilm = bilm
+        # what a Parquet file's metadata calls the model: the name or path it was given as
+        self.model_name = _model_name(model, bilm)
         self.mode, self.batch_size = mode, batch_size
         self.max_tokens_per_batch = max_tokens_per_batch
         self.carried = CarriedState() if mode == "stateful" else None
@@ -384,6 +387,7 @@ class Embedder:
         progress: bool = True,
         pooling: str | None = None,
         processes: int = 1,
+        format: str | None = None,
     ) -> EmbedSummary:
         """Embed a file of sentences (one per line, ``-`` = stdin) into HDF5 laid out like
         ``allennlp elmo`` (``elmokit.embed.vectors_file``): dataset "i" for line i, (3, n_tokens, dim)
@@ -408,8 +412,16 @@ class Embedder:
         index's hashes): the index's JSON is built in a temporary file and copied
         into the output in blocks, as one fixed-length UTF-8 string (read it with
         ``json.loads(f["sentence_to_index"][0])``, as allennlp's files).
+
+        ``format`` "parquet" (or None with an output named .parquet) writes Parquet instead
+        (``elmokit.embed.parquet_file``, the ``parquet`` extra): one row per line with its
+        ``index``, its ``tokens`` and a column of vectors per chosen layer, the same vectors as
+        the HDF5 file's; ``sentence_index`` does not apply to it.
         """
         check_layers(layers, pooling)
+        format = output_format(output_path, format)
+        if format == "parquet":
+            require_pyarrow()
         arguments = {
             "input_path": input_path,
             "output_path": output_path,
@@ -419,6 +431,7 @@ class Embedder:
             "tokenize": tokenize,
             "progress": progress,
             "pooling": pooling,
+            "format": format,
         }
         if self._shared(processes):
             if processes > 1:  # what every process would refuse, refused once
@@ -431,14 +444,16 @@ class Embedder:
         split = line_splitter(tokenize)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
-        texts: deque[str] = deque()  # lines read but not yet written, in order
+        texts: deque[Any] = deque()  # lines (Parquet: their tokens) read but not yet written, in order
+        parquet = format == "parquet"
 
         def token_lists() -> Iterator[list[str]]:
             for text in lines:
-                texts.append(text)
-                yield split(text)
+                tokens = split(text)
+                texts.append(tokens if parquet else text)
+                yield tokens
 
-        def rows(bar: Any) -> Iterator[tuple[str, np.ndarray]]:
+        def rows(bar: Any) -> Iterator[tuple[Any, np.ndarray]]:
             for array in self.embed_sentences(token_lists()):
                 yield texts.popleft(), output_array(array, layers, pooling)
                 n = array.shape[1]
@@ -449,9 +464,16 @@ class Embedder:
                 bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
 
         with engine.progress_bar(progress, total) as bar:
-            shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
-            write_vectors(output, overwrite, rows(bar), shape, sentence_index)
+            if parquet:
+                write_parquet(output, overwrite, rows(bar), self.parquet_layout(layers, pooling))
+            else:
+                shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
+                write_vectors(output, overwrite, rows(bar), shape, sentence_index)
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
+
+    def parquet_layout(self, layers: str = "all", pooling: str | None = None) -> ParquetLayout:
+        """The columns and metadata of this Embedder's Parquet files (``elmokit.embed.parquet_file``)."""
+        return ParquetLayout(self.bilm.num_layers, self.dim, layers, pooling, self.model_name, self.mode)
 
     def embed_tokens_file(
         self,
@@ -497,7 +519,7 @@ class Embedder:
         """A file job shared by ``processes`` new workers, or by torchrun's processes (1)."""
         if processes == 1:
             return engine.share(kind, self, arguments)
-        make = functools.partial(_embedder_like, self.bilm, self._settings)
+        make = functools.partial(_embedder_like, self.bilm, self._settings, self.model_name)
         what = (kind, os.fspath(output_path))
         return engine.run(kind, processes, make, _device(self.bilm), arguments, what)
 
@@ -509,12 +531,23 @@ class Embedder:
         return block
 
 
-def _embedder_like(bilm: BiLM, settings: dict[str, Any], device: torch.device) -> Embedder:
+def _embedder_like(bilm: BiLM, settings: dict[str, Any], model_name: str, device: torch.device) -> Embedder:
     """An Embedder of ``bilm`` with ``settings`` on ``device``: a worker's (embed_file with
     processes=N)."""
     with warnings.catch_warnings():  # said once, by the Embedder that started the workers
         warnings.simplefilter("ignore", UserWarning)
-        return Embedder(bilm, device=device, **settings)
+        embedder = Embedder(bilm, device=device, **settings)
+    embedder.model_name = model_name
+    return embedder
+
+
+def _model_name(model: object, bilm: BiLM) -> str:
+    """The model as it was given (a name, a folder, a URL), or the folder of a BiLM's files."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if bilm.source_files:
+        return bilm.source_files[0].parent.name
+    return ""
 
 
 def _onnx_backend(

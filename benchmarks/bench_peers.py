@@ -257,7 +257,10 @@ def elmokit_sides(bilm: elmokit.BiLM, case: str, batch_size: int, caches: tuple[
         bilm = quantize_bilm(bilm)
     sides = []
     for cache in caches:  # each its own copy of the model: a cold round empties only its own cache
-        model = copy.deepcopy(bilm) if cache == "warm" else bilm
+        model = bilm
+        if cache == "warm":
+            model = copy.deepcopy(bilm)
+            model.token_encoder.clear_cache()  # filled by the warm-up pass over the sentences only
         embed = elmokit_call(model, base, batch_size, fresh=cache == "cold")
         sides.append(Side(f"elmokit {cache}", embed, cache, model))
     return sides

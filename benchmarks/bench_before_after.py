@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 from bench_bilm import read_sentences
+from common import assert_cold
 
 import elmokit
 
@@ -81,9 +82,17 @@ def submodule(package: str, *names: str) -> ModuleType:
     raise ModuleNotFoundError(f"{package} has none of the modules {', '.join(names)}")
 
 
+def check_cold(model: Any) -> None:
+    """Raise AssertionError unless the token cache of ``model`` (either version's BiLM or int8
+    form) is empty, where the version keeps it as this checkout does (``common.assert_cold``)."""
+    if hasattr(model.token_encoder, "_cache"):
+        assert_cold(model, "a timed pass")
+
+
 def time_pass(model: Any, char_ids: list[torch.Tensor]) -> float:
-    """Seconds for one pass over the batches, the token cache emptied first."""
+    """Seconds for one pass over the batches, the token cache emptied (and checked empty) first."""
     model.token_encoder.clear_cache()
+    check_cold(model)
     start = time.perf_counter()
     for ids in char_ids:
         model(ids)
@@ -121,6 +130,7 @@ def empty_caches(package: ModuleType, model: Any, embedder: Any = None) -> None:
     own = getattr(embedder, "cache", None)  # the Embedder's own encoding cache of versions that had one
     if own is not None:
         own._cache.clear()
+    check_cold(model)
 
 
 def embed_pass(package: ModuleType, embedder: Any, sentences: list[list[str]]) -> float:

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import Pauser, cpu_sample, matmul_gflops, others_busy, wait_until_quiet, write_report
+from common import Pauser, cpu_sample, matmul_gflops, others_busy, start_cold, wait_until_quiet, write_report
 
 import elmokit
 from elmokit.model.char_cnn import TokenEncoder
@@ -144,7 +144,7 @@ def worker(spec: dict[str, Any]) -> list[dict[str, Any]]:
         for _ in range(spec.get("passes", 1)):
             for setting in settings:
                 use(setting)
-                model.token_encoder.clear_cache()  # each timed pass starts with an empty token cache
+                start_cold(model, "a timed pass")  # each timed pass starts with an empty token cache
                 results.append(
                     {"kernels": setting, **timed_pass(model, batches, char_ids, spec["time_budget"])}
                 )
@@ -199,7 +199,7 @@ def profile_ops(model: elmokit.BiLM, char_ids: list[torch.Tensor], sentences: in
     with the largest self CPU time, as [op, share of all self CPU time, calls]."""
     from torch.profiler import profile
 
-    model.token_encoder.clear_cache()  # as cold as the timed run
+    start_cold(model, "the profiled pass")  # as cold as the timed run
     with torch.no_grad(), profile() as prof:
         for ids in char_ids[: max(sentences // size, 1)]:
             model(ids)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from bench_bilm import read_sentences
+from common import start_cold
 
 from elmokit import Embedder
 from elmokit.base import kernels
@@ -60,8 +61,8 @@ def speed(
 ) -> dict[str, dict[str, float]]:
     """Median tokens/s of every variant at batch 1 and batch 64, interleaved round by round.
     A variant is Embedder keyword arguments by name, and optionally ``disable`` (a comma list
-    of kernels turned off while it runs). Every run starts with empty token caches, so a cache
-    serves only the repeats within one pass over the sentences."""
+    of kernels turned off while it runs). Every run starts with empty token caches (emptied and
+    checked empty), so a cache serves only the repeats within one pass over the sentences."""
     tokens = sum(len(s) for s in sentences)
     embedders, disabled = {}, {}
     for name, options in variants.items():
@@ -75,7 +76,7 @@ def speed(
     }
 
     def timed(name: str, run: Callable[[], None]) -> float:
-        embedders[name].bilm.token_encoder.clear_cache()
+        start_cold(embedders[name].bilm, f"a run of {name}")
         with kernels.disabled(*disabled[name]) if disabled[name] else contextlib.nullcontext():
             start = time.perf_counter()
             run()

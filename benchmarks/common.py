@@ -1,5 +1,7 @@
 """Shared by the benchmarks: the CPU-usage helpers (``cpu_sample``, ``others_busy``), the matmul
-rate, a measured child process, a paused neighbour. It imports no benchmark."""
+rate, a measured child process, a paused neighbour, the checks that a round called cold starts
+with an empty token cache (``start_cold``, ``assert_cold``) or one called warm with a filled one
+(``assert_warm``). It imports no benchmark."""
 
 from __future__ import annotations
 
@@ -223,6 +225,37 @@ def matmul_rate(threads: int, pauser: Pauser) -> tuple[float, float]:
         before = cpu_sample()
         rate = matmul_gflops(threads)
         return rate, others_busy(before, cpu_sample())
+
+
+def token_cache_entries(model: torch.nn.Module) -> int:
+    """Distinct tokens whose encodings the token cache of ``model`` (a BiLM, ``Elmo``'s BiLM or
+    the int8 form) holds now; the one cache of token encodings is its ``TokenEncoder``'s."""
+    encoder = model.token_encoder  # an AttributeError if the cache moves: fix this, not the claim
+    cache = encoder._cache
+    return 0 if cache is None else len(cache)
+
+
+def assert_cold(model: torch.nn.Module, what: str = "a cold round") -> None:
+    """Raise AssertionError unless the token cache of ``model`` is empty: the check a benchmark
+    makes at the start of every round it calls cold (a raise, so ``python -O`` keeps it)."""
+    entries, stats = token_cache_entries(model), model.token_encoder.cache_stats
+    if entries or stats != (0, 0):
+        raise AssertionError(
+            f"{what} must start with an empty token cache, but it holds {entries} tokens "
+            f"(hits, misses since emptied: {stats}): empty it with model.token_encoder.clear_cache()"
+        )
+
+
+def start_cold(model: torch.nn.Module, what: str = "a cold round") -> None:
+    """Empty the token cache of ``model`` and check that it is empty (``assert_cold``)."""
+    model.token_encoder.clear_cache()
+    assert_cold(model, what)
+
+
+def assert_warm(model: torch.nn.Module, what: str = "a warm round") -> None:
+    """Raise AssertionError if the token cache of ``model`` is empty (a round called warm)."""
+    if not token_cache_entries(model):
+        raise AssertionError(f"{what} must start with tokens in the token cache, but it is empty")
 
 
 def synchronize(device: torch.device) -> None:

@@ -436,7 +436,9 @@ def embed_command(args: argparse.Namespace) -> int:
     if args.fasta is not None or args.reduced_output is not None:
         return _embed_fasta(args)
     if args.input is None:
-        raise ValueError("embed needs an INPUT file of sentences (or --fasta FILE of proteins)")
+        # one file named and no --fasta: argparse's own error, as when INPUT was required
+        say("elmokit: error: the following arguments are required: output; see 'elmokit embed --help'")
+        raise SystemExit(2)
     args.mode = args.mode or "warm"
     check_output(args.output, args.overwrite, [args.input])  # before the model is read
     summary = _embedder(args).embed_file(
@@ -471,7 +473,9 @@ def _embed_fasta(args: argparse.Namespace) -> int:
     if args.fasta is None:
         raise ValueError("--reduced-output goes with --fasta FILE")
     if args.input is not None:
-        raise ValueError(f"give the proteins' FASTA file as --fasta or the sentences {args.input} as INPUT, not both")
+        raise ValueError(
+            f"give the proteins' FASTA file as --fasta or the sentences {args.input} as INPUT, not both"
+        )
     other = [
         name
         for name, given in (
@@ -485,7 +489,9 @@ def _embed_fasta(args: argparse.Namespace) -> int:
         if given
     ]
     if other:
-        raise ValueError(f"{other[0]} does not go with --fasta (it writes bio_embeddings' layout, all layers)")
+        raise ValueError(
+            f"{other[0]} does not go with --fasta (it writes bio_embeddings' layout, all layers)"
+        )
     args.mode = args.mode or "stateful"
     inputs = [args.fasta]
     for path in (args.output, args.reduced_output):  # before the model is read

@@ -144,8 +144,7 @@ def read_fasta(path: str | os.PathLike) -> Iterator[FastaRecord]:
                 continue
             if header is None:
                 raise ValueError(
-                    f"{path}: line {number}: a FASTA file starts with a header line '>ID', not "
-                    f"{_shown(line)}"
+                    f"{path}: line {number}: a FASTA file starts with a header line '>ID', not {_shown(line)}"
                 )
             if _RESIDUES.fullmatch(residues) is None:
                 bad = next(c for c in residues if not ("A" <= c <= "Z" or "a" <= c <= "z"))
@@ -213,7 +212,9 @@ def pipeline_batches(lengths: Sequence[int], max_amino_acids: int | None) -> Ite
         yield batch
 
 
-def _remapped(records: list[FastaRecord], simple: bool, path: str | os.PathLike) -> list[tuple[str, FastaRecord]]:
+def _remapped(
+    records: list[FastaRecord], simple: bool, path: str | os.PathLike
+) -> list[tuple[str, FastaRecord]]:
     """(dataset name, record) in the pipeline's order: longest first, equal lengths in file
     order; named by the MD5 of the sequence, or by position with ``simple``."""
     ordered = sorted(records, key=lambda record: -len(record.sequence))
@@ -291,7 +292,9 @@ class _Rows:
             return
         carried.state = self.before
         carried.update(
-            LstmState(torch.cat([s.h for s in self.finals], dim=2), torch.cat([s.c for s in self.finals], dim=2))
+            LstmState(
+                torch.cat([s.h for s in self.finals], dim=2), torch.cat([s.c for s in self.finals], dim=2)
+            )
         )
 
 
@@ -348,7 +351,11 @@ def embed_fasta(
 
 
 def _write(
-    embedder: Embedder, named: list[tuple[str, FastaRecord]], max_amino_acids: int | None, out: Any, reduced: Any
+    embedder: Embedder,
+    named: list[tuple[str, FastaRecord]],
+    max_amino_acids: int | None,
+    out: Any,
+    reduced: Any,
 ) -> None:
     """The datasets of every protein, batch by batch in the pipeline's order."""
     for batch in pipeline_batches([len(record.sequence) for _, record in named], max_amino_acids):

@@ -472,6 +472,13 @@ def embed_command(args: argparse.Namespace) -> int:
     from ..base.devices import this_process
     from ..embed.parquet_file import output_format, require_pyarrow
 
+    if args.fasta is not None or args.reduced_output is not None:
+        return _embed_fasta(args)
+    if args.input is None:
+        # one file named and no --fasta: argparse's own error, as when INPUT was required
+        say("elmokit: error: the following arguments are required: output; see 'elmokit embed --help'")
+        raise SystemExit(2)
+    args.mode = args.mode or "warm"
     if output_format(args.output, args.format) == "parquet":  # before the model is read
         require_pyarrow()
     check_output(args.output, args.overwrite, [args.input])
@@ -541,6 +548,59 @@ def _embed_on_ray(args: argparse.Namespace) -> int:
             f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
             f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode {args.mode}, "
             f"ray, {summary.processes} workers) -> {summary.output}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _embed_fasta(args: argparse.Namespace) -> int:
+    """embed --fasta: the proteins of a FASTA file into bio_embeddings' HDF5 files."""
+    from ..base.atomic import check_output
+    from ..embed.fasta import embed_fasta
+
+    if args.fasta is None:
+        raise ValueError("--reduced-output goes with --fasta FILE")
+    if args.input is not None:
+        raise ValueError(
+            f"give the proteins' FASTA file as --fasta or the sentences {args.input} as INPUT, not both"
+        )
+    other = [
+        name
+        for name, given in (
+            ("--layers", args.layers != "all"),
+            ("--pooling", args.pooling is not None),
+            ("--tokenize", args.tokenize),
+            ("--no-sentence-index", args.no_sentence_index),
+            ("--max-tokens-per-batch", args.max_tokens_per_batch is not None),
+            ("--nproc", args.nproc != 1),
+            ("--format parquet", args.format == "parquet" or str(args.output).endswith((".parquet", ".pq"))),
+            ("--engine ray", args.engine != "local"),
+        )
+        if given
+    ]
+    if other:
+        raise ValueError(
+            f"{other[0]} does not go with --fasta (it writes bio_embeddings' layout, all layers)"
+        )
+    args.mode = args.mode or "stateful"
+    inputs = [args.fasta]
+    for path in (args.output, args.reduced_output):  # before the model is read
+        if path is not None:
+            check_output(path, args.overwrite, inputs)
+    summary = embed_fasta(
+        args.fasta,
+        args.output,
+        _embedder(args),
+        reduced_output=args.reduced_output,
+        max_amino_acids=args.max_amino_acids,
+        simple_remapping=args.simple_remapping,
+        overwrite=args.overwrite,
+    )
+    if not args.quiet:
+        reduced = "" if summary.reduced_output is None else f" and {summary.reduced_output}"
+        print(
+            f"{summary.proteins:,} proteins, {summary.residues:,} residues in {summary.seconds:.1f} s "
+            f"(mode {args.mode}) -> {summary.output}{reduced}",
             file=sys.stderr,
         )
     return 0
@@ -1080,11 +1140,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
         "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
         "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
-        "keeps only its last line number there, as in AllenNLP (-v says how many repeat). An OUTPUT "
-        "named .parquet (or --format parquet) is a Parquet file instead: one row per line with its "
-        "index, its tokens and one column of vectors per layer (docs/embedding.md).",
+        "keeps only its last line number there, as in AllenNLP (-v says how many repeat). With "
+        "--fasta FILE (and no INPUT), the proteins of a FASTA file into the files of bio_embeddings' "
+        "embed stage (SeqVec). An OUTPUT named .parquet (or --format parquet) is a Parquet file instead: "
+        "one row per line with its index, its tokens and one column of vectors per layer "
+        "(docs/embedding.md).",
     )
-    p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
+    p.add_argument("input", nargs="?", help="one whitespace-tokenized sentence per line; - for stdin")
     p.add_argument("output", help="HDF5 or Parquet file to write (the format from its suffix)")
     p.add_argument(
         "--format",
@@ -1094,6 +1156,34 @@ def build_parser() -> argparse.ArgumentParser:
         "parquet needs elmokit[parquet])",
     )
     _model_arguments(p)
+    p.set_defaults(mode=None)  # warm for sentences, stateful for --fasta
+    fasta = p.add_argument_group("proteins (--fasta)")
+    fasta.add_argument(
+        "--fasta",
+        metavar="FILE",
+        help="embed the proteins of FILE (FASTA; - for stdin), one residue a token, as bio_embeddings' "
+        "embed stage does with SeqVec: one dataset (3, L, dim) per protein in OUTPUT, named by the MD5 "
+        "of its sequence, its FASTA id in attrs['original_id']; in mode stateful (bio_embeddings' "
+        "numbers) unless --mode says otherwise",
+    )
+    fasta.add_argument(
+        "--reduced-output",
+        metavar="FILE",
+        help="with --fasta: also write one vector (dim,) per protein, the sum over the layers averaged "
+        "over the residues (bio_embeddings' reduced_embeddings_file)",
+    )
+    fasta.add_argument(
+        "--max-amino-acids",
+        type=_ranged(int, low=1),
+        default=15000,
+        help="with --fasta: the residues of one batch stay below this (bio_embeddings' max_amino_acids; "
+        "in stateful mode it decides which states each protein starts from; default 15000)",
+    )
+    fasta.add_argument(
+        "--simple-remapping",
+        action="store_true",
+        help="with --fasta: name the datasets 0, 1, ... (longest protein first) instead of by MD5",
+    )
     p.add_argument(
         "--layers",
         choices=["all", "top", "average"],

@@ -168,3 +168,25 @@ def test_an_elmoformanylangs_zip_loads(tmp_path):
     source = resolve_model(archive)
     assert source.kind == "manylangs" and source.folder.name == "en.model"
     assert BiLM.from_pretrained(archive).num_layers == BiLM.from_pretrained(fixture).num_layers
+
+
+def test_a_lemmatized_model_is_named_once_when_resolved(monkeypatch, caplog):
+    """NLPL 196, 199, 212 (RusVectores lemmas) and 210 (NorELMo, lemmatized) were trained on
+    lemmas: resolving one says so, once per process, before anything is downloaded."""
+    import elmokit.hub.resolve as resolve
+
+    monkeypatch.setattr(resolve, "_WARNED", set())
+    assert {m.name for m in KNOWN_MODELS if m.lemmatized} == {"nlpl-196", "nlpl-199", "nlpl-210", "nlpl-212"}
+    assert find("nlpl-199").archive.url == "http://vectors.nlpl.eu/repository/20/199.zip"
+    for _ in range(2):
+        with caplog.at_level("WARNING", logger="elmokit"), pytest.raises(OfflineError):
+            resolve_model("nlpl-199")
+    warned = [r.getMessage() for r in caplog.records if "lemmatized" in r.getMessage()]
+    assert warned == [
+        "nlpl-199 was trained on lemmatized text: give it lemmas (from a lemmatizer such as UDPipe or "
+        "Stanza), not raw words, or its vectors are poor"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="elmokit"), pytest.raises(OfflineError):
+        resolve_model("nlpl-211")  # NorELMo on tokens
+    assert not [r for r in caplog.records if "lemmatized" in r.getMessage()]

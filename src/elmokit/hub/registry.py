@@ -81,6 +81,7 @@ class KnownModel:
     licence: str | None = None
     format: str = "bilm"
     aliases: tuple[str, ...] = field(default=())
+    lemmatized: bool = False  # trained on lemmas: it expects lemmatized input, raw text gives poor vectors
 
     @property
     def archive(self) -> RemoteFile | None:
@@ -188,7 +189,14 @@ _SEMEVAL = "akutuzov/semeval2020 README (models of UiO-UvA at SemEval-2020 Task 
 _RUSVECTORES = "RusVectores name and NLPL ID as public download scripts use them (catalogue not checked)"
 
 
-def _nlpl(number: int, language: str, description: str, source: str, aliases: tuple[str, ...] = ()):
+def _nlpl(
+    number: int,
+    language: str,
+    description: str,
+    source: str,
+    aliases: tuple[str, ...] = (),
+    lemmatized: bool = False,
+) -> KnownModel:
     return KnownModel(
         name=f"nlpl-{number}",
         language=language,
@@ -197,6 +205,7 @@ def _nlpl(number: int, language: str, description: str, source: str, aliases: tu
         files=(RemoteFile(_NLPL.format(number), "archive"),),
         source=source,
         aliases=aliases,
+        lemmatized=lemmatized,
     )
 
 
@@ -205,7 +214,13 @@ NLPL = (
     _nlpl(201, "de", "German ELMo (NLPL ID 201)", _SEMEVAL),
     _nlpl(202, "sv", "Swedish ELMo (NLPL ID 202)", _SEMEVAL),
     _nlpl(203, "la", "Latin ELMo (NLPL ID 203)", _SEMEVAL),
-    _nlpl(210, "no", "NorELMo: lemmatized Norwegian Wikipedia (Sept. 2020, ~160M words)", _NORELMO),
+    _nlpl(
+        210,
+        "no",
+        "NorELMo: lemmatized Norwegian Wikipedia (Sept. 2020, ~160M words)",
+        _NORELMO,
+        lemmatized=True,
+    ),
     _nlpl(211, "no", "NorELMo: tokenized Norwegian Wikipedia (Sept. 2020, ~160M words)", _NORELMO),
     _nlpl(
         217, "no", "NorELMo30: Wikipedia + Norsk Aviskorpus, 30k-word vocabulary", _NORELMO, ("norelmo30",)
@@ -214,8 +229,27 @@ NLPL = (
         218, "no", "NorELMo100: Wikipedia + Norsk Aviskorpus, 100k-word vocabulary", _NORELMO, ("norelmo100",)
     ),
     _nlpl(195, "ru", "RusVectores ruwikiruscorpora_tokens_elmo_1024_2019 (Wikipedia+RNC)", _RUSVECTORES),
-    _nlpl(196, "ru", "RusVectores ruwikiruscorpora_lemmas_elmo_1024_2019 (Wikipedia+RNC)", _RUSVECTORES),
-    _nlpl(212, "ru", "RusVectores araneum_lemmas_elmo_2048_2020 (Araneum Russicum, lemmas)", _RUSVECTORES),
+    _nlpl(
+        196,
+        "ru",
+        "RusVectores ruwikiruscorpora_lemmas_elmo_1024_2019 (Wikipedia+RNC)",
+        _RUSVECTORES,
+        lemmatized=True,
+    ),
+    _nlpl(
+        199,
+        "ru",
+        "RusVectores taiga_lemmas_elmo_2048_2019 (Taiga corpus, lemmas)",
+        _RUSVECTORES,
+        lemmatized=True,
+    ),
+    _nlpl(
+        212,
+        "ru",
+        "RusVectores araneum_lemmas_elmo_2048_2020 (Araneum Russicum, lemmas)",
+        _RUSVECTORES,
+        lemmatized=True,
+    ),
 )
 
 # (ISO 639 code, language, NLPL ID) of ELMoForManyLangs' Downloads table.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ __all__ = [
     "resolve_file",
     "resolve_model",
 ]
+
+log = logging.getLogger(__name__)
 
 WEIGHT_NAMES = ("weights.hdf5", "model.hdf5", "lm_weights.hdf5")
 OPTIONS_NAME = "options.json"
@@ -258,6 +261,8 @@ def _from_archive(
 
 
 def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> ModelSource:
+    if known.lemmatized:
+        _warn_lemmatized(known.name)
     archive = known.archive
     if archive is not None:
         path = transport.fetch(archive.url, archive.expected, progress=progress, name=known.name)
@@ -279,6 +284,20 @@ def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> Model
         weight_file=transport.fetch(weights.url, weights.expected, progress=progress, name=known.name),
         name=known.name,
     )
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_lemmatized(name: str) -> None:
+    """Say once per process that a model was trained on lemmas."""
+    if name not in _WARNED:
+        _WARNED.add(name)
+        log.warning(
+            "%s was trained on lemmatized text: give it lemmas (from a lemmatizer such as UDPipe or "
+            "Stanza), not raw words, or its vectors are poor",
+            name,
+        )
 
 
 def is_manylangs_folder(folder: Path) -> bool:

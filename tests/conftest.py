@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,6 +49,38 @@ def _no_network_and_a_private_cache(monkeypatch, tmp_path_factory):
     download tests unset ELMOKIT_OFFLINE and serve their files from 127.0.0.1."""
     monkeypatch.setenv("ELMOKIT_OFFLINE", "1")
     monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path_factory.getbasetemp() / "elmokit-cache"))
+
+
+class LocalServer(http.server.ThreadingHTTPServer):
+    """An HTTP server on 127.0.0.1 (a free port) standing in for a publisher, the Hugging Face
+    Hub or a data set's site; each test module gives its own handler."""
+
+    daemon_threads = True
+
+    def __init__(self, handler) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+
+    def url(self, path: str = "") -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}{path}"
+
+
+@contextmanager
+def running(server: http.server.HTTPServer) -> Iterator:
+    """``server`` answering on a thread of its own, shut down and closed at the end."""
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture()
+def network_allowed(monkeypatch, tmp_path) -> Path:
+    """Downloads allowed (the tests' servers are on 127.0.0.1) into a private cache, returned."""
+    monkeypatch.delenv("ELMOKIT_OFFLINE", raising=False)
+    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import http.server
 import shutil
-import threading
 import zipfile
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from elmokit.compat.manylangs import ManyLangsEmbedder
 from elmokit.compat.simple_elmo import ElmoModel
 from elmokit.hub import MODELS_DIR, TINY_REFERENCE
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, LocalServer, running
 from .test_hub import REPO, hub  # noqa: F401 - the stand-in Hugging Face Hub fixture
 
 TINY_FOLDER = MODELS_DIR / TINY_REFERENCE
@@ -50,17 +49,9 @@ def specs(tmp_path, monkeypatch) -> dict[str, str]:
     served.mkdir()
     archive = _zip(TINY_FOLDER, served / "tiny.zip", {"weights.hdf5": "model.hdf5"})
     handler = functools.partial(_QuietHandler, directory=str(served))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.delenv("ELMOKIT_OFFLINE", raising=False)
-    yield {
-        "name": TINY_REFERENCE,
-        "folder": str(folder),
-        "zip": str(archive),
-        "url": f"http://127.0.0.1:{server.server_address[1]}/tiny.zip",
-    }
-    server.shutdown()
-    server.server_close()
+    with running(LocalServer(handler)) as server:
+        yield {"name": TINY_REFERENCE, "folder": str(folder), "zip": str(archive), "url": server.url("/tiny.zip")}
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

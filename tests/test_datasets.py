@@ -11,7 +11,6 @@ import gzip
 import hashlib
 import io
 import json
-import threading
 import zipfile
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from elmokit.hub import datasets, transport
 from elmokit.hub.datasets import DATA_SETS, SAMPLES_DIR, SOURCE_NOTE, DataFile, DataSet, Download
 from elmokit.probe import read_tagged
 
+from .conftest import running
 from .test_download import _Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,17 +170,12 @@ ZIP = _zip({"trees/train.txt": MEMBER, "trees/other.txt": b"x\n"})
 
 
 @pytest.fixture()
-def server(monkeypatch, tmp_path):
+def server(network_allowed):
     """The files of a toy data set served from 127.0.0.1, a private cache, the network allowed."""
-    monkeypatch.delenv("ELMOKIT_OFFLINE", raising=False)
-    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
     srv = _Server()
     srv.files.update({"/d/a.txt": TEXT, "/d/b.txt.gz": GZ, "/d/trees.zip": ZIP})
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with running(srv):
+        yield srv
 
 
 def _toy(srv: _Server, **changes: str) -> DataSet:

@@ -35,7 +35,7 @@ from elmokit.hub.transport import (
     fetch,
 )
 
-from .conftest import TINY
+from .conftest import TINY, LocalServer, running
 
 OPTIONS = (TINY / "options.json").read_bytes()
 WEIGHTS = (TINY / "lm_weights.hdf5").read_bytes()
@@ -97,11 +97,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(LocalServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.files: dict[str, bytes] = {}
         self.status: dict[str, int] = {}
         self.cut: dict[str, int] = {}
@@ -109,15 +107,10 @@ class _Server(http.server.ThreadingHTTPServer):
         self.ranges = True
         self.requests: list[tuple[str, str | None]] = []
 
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}{path}"
-
 
 @pytest.fixture()
-def server(monkeypatch, tmp_path):
+def server(network_allowed):
     """A served tiny model, a private cache, and the network allowed (127.0.0.1 only)."""
-    monkeypatch.delenv("ELMOKIT_OFFLINE", raising=False)
-    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
     srv = _Server()
     srv.files.update(
         {
@@ -127,13 +120,10 @@ def server(monkeypatch, tmp_path):
             "/big.zip": BIG,
         }
     )
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield srv
-    for event in srv.stall.values():
-        event.set()
-    srv.shutdown()
-    srv.server_close()
+    with running(srv):
+        yield srv
+        for event in srv.stall.values():  # a stalled answer ends, so the server can stop
+            event.set()
 
 
 def _layers(bilm) -> torch.Tensor:

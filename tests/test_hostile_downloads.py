@@ -14,7 +14,6 @@ import io
 import json
 import os
 import socket
-import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from elmokit.hub import archives, registry, transport
 from elmokit.hub.archives import ArchiveError, unpack_zip
 from elmokit.hub.transport import ChecksumError, DownloadError, entry_dir, fetch, is_cached
 
-from .conftest import TINY
+from .conftest import TINY, LocalServer, running
 
 OPTIONS = (TINY / "options.json").read_bytes()
 WEIGHTS = (TINY / "lm_weights.hdf5").read_bytes()
@@ -99,32 +98,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(LocalServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.routes: dict[str, bytes | Callable[[_Handler], None]] = {}
         self.cut: dict[str, int] = {}
         self.validators = True
         self.ignore_if_range = False
         self.requests: list[tuple[str, str | None, str | None]] = []
 
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}{path}"
-
 
 @pytest.fixture()
-def server(monkeypatch, tmp_path):
-    monkeypatch.delenv("ELMOKIT_OFFLINE", raising=False)
-    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
+def server(network_allowed):
     srv = _Server()
     srv.routes.update({"/m/model.zip": MODEL_ZIP, "/big.zip": BIG, "/m/weights.hdf5": WEIGHTS})
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with running(srv):
+        yield srv
 
 
 def _entry_files(url: str) -> list[str]:

@@ -9,7 +9,6 @@ import http.server
 import json
 import shutil
 import sys
-import threading
 import zipfile
 
 import pytest
@@ -31,7 +30,7 @@ from elmokit.model.inputs import InputScheme
 from elmokit.model.manylangs import ManyLangsInputs
 from elmokit.tasks.cache import default_cache_dir
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, LocalServer, running
 
 TINY_FOLDER = MODELS_DIR / TINY_REFERENCE
 MANYLANGS = FIXTURES / "elmoformanylangs" / "char-model"
@@ -40,21 +39,19 @@ COMMITS = {"main": "a" * 40, "v1": "b" * 40}  # the stand-in Hub's revisions -> 
 
 
 # -- a stand-in for the Hugging Face Hub ---------------------------------------------------------
-class _Hub(http.server.ThreadingHTTPServer):
+class _Hub(LocalServer):
     """What huggingface_hub's snapshot_download asks of a Hub for a small public repository:
     GET /api/models/{repo}/revision/{revision} (the commit and the file list), then per file HEAD
     and GET /{repo}/resolve/{commit}/{file} (X-Repo-Commit, ETag and Content-Length; the bytes)."""
 
-    daemon_threads = True
-
     def __init__(self, files: dict[str, bytes]) -> None:
-        super().__init__(("127.0.0.1", 0), _HubHandler)
+        super().__init__(_HubHandler)
         self.files = files
         self.requests: list[tuple[str, str]] = []
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return self.url()
 
 
 def _git_blob_id(data: bytes) -> str:
@@ -112,20 +109,15 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture()
-def hub(monkeypatch, tmp_path):
+def hub(monkeypatch, network_allowed):
     """The stand-in Hub holding the tiny model (options.json, weights.hdf5) as HF_ENDPOINT, a
     private cache, and the network allowed (127.0.0.1 only)."""
     pytest.importorskip("huggingface_hub")
-    monkeypatch.delenv("ELMOKIT_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("ELMOKIT_CACHE", str(tmp_path / "cache"))
     files = {name: (TINY_FOLDER / name).read_bytes() for name in ("options.json", "weights.hdf5")}
-    server = _Hub(files)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-    yield server
-    server.shutdown()
-    server.server_close()
+    with running(_Hub(files)) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        yield server
 
 
 def _layers(bilm: BiLM) -> torch.Tensor:

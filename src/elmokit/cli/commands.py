@@ -433,7 +433,12 @@ def embed_command(args: argparse.Namespace) -> int:
     from ..base.atomic import check_output
     from ..base.devices import this_process
 
-    check_output(args.output, args.overwrite, [args.input])  # before the model is read
+    if args.shard_sentences is None:
+        check_output(args.output, args.overwrite, [args.input])  # before the model is read
+    elif os.path.lexists(args.output) and not os.path.isdir(args.output):
+        raise NotADirectoryError(
+            f"output {args.output} is a file; with --shard-sentences the output is a folder"
+        )
     summary = _embedder(args).embed_file(
         args.input,
         args.output,
@@ -444,11 +449,17 @@ def embed_command(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         pooling=args.pooling,
         processes=args.nproc,
+        shard_sentences=args.shard_sentences,
     )
     if not args.quiet and this_process().is_main:  # said once under torchrun
         shared = ""
-        if summary.processes > 1:
+        if summary.processes > 1 and args.shard_sentences is None:
             shared = f", {summary.processes} processes, merge {summary.merge_seconds:.1f} s"
+        elif summary.processes > 1:
+            shared = f", {summary.processes} processes"
+        if args.shard_sentences is not None:
+            done = f", {summary.skipped_parts:,} done before and skipped" if summary.skipped_parts else ""
+            shared += f"; {summary.parts:,} parts{done}"
         print(
             f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
             f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode "
@@ -995,7 +1006,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keeps only its last line number there, as in AllenNLP (-v says how many repeat).",
     )
     p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("output", help="HDF5 file to write")
+    p.add_argument("output", help="HDF5 file to write (a folder with --shard-sentences)")
     _model_arguments(p)
     p.add_argument(
         "--layers",
@@ -1031,6 +1042,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="onnxruntime: run an ONNX export of the model on the CPU (needs elmokit[onnx])",
     )
     p.add_argument("--onnx", help="with --backend onnxruntime: the model's file from export-onnx")
+    p.add_argument(
+        "--shard-sentences",
+        type=_ranged(int, low=1),
+        default=None,
+        metavar="N",
+        help="a resumable run: OUTPUT is a folder of part files of N lines each plus manifest.json; "
+        "the same command after a crash skips the finished parts (docs/embedding.md)",
+    )
     _nproc_argument(p)
     p.set_defaults(func=embed_command)
 

@@ -81,7 +81,9 @@ def test_the_parts_hold_the_vectors_of_one_output(tmp_path, corpus, embedder):
         index = json.loads(f["sentence_to_index"][0])
         assert f["embedding"].shape == (64, 32)
     lines = corpus.read_text().splitlines()[64:128]
-    assert index[lines[-1].strip()] == str(max(i for i, x in enumerate(lines) if x.strip() == lines[-1].strip()))
+    assert index[lines[-1].strip()] == str(
+        max(i for i, x in enumerate(lines) if x.strip() == lines[-1].strip())
+    )
 
 
 def test_a_rerun_keeps_the_parts_that_verify_and_redoes_the_others(tmp_path, corpus, embedder, caplog):
@@ -131,11 +133,16 @@ def test_a_changed_model_option_or_input_is_refused_in_one_line(tmp_path, corpus
         (["--mode", "warm"], f"{folder} holds parts embedded with mode 'zero', not 'warm'"),
         (["--pooling", "max"], f"{folder} holds parts embedded with pooling None, not 'max'"),
         (["--dtype", "bfloat16"], f"{folder} holds parts embedded with dtype 'float32', not 'bfloat16'"),
-        (["--no-sentence-index"], f"{folder} holds parts embedded with sentence_index (--no-sentence-index) "
-         "True, not False"),
+        (
+            ["--no-sentence-index"],
+            f"{folder} holds parts embedded with sentence_index (--no-sentence-index) True, not False",
+        ),
         (["--shard-sentences", "60"], f"{folder} holds parts of shard_sentences 50, not 60"),
-        (["--model", str(model)], f"{folder} holds parts of another model: options.json (417 bytes, sha256 "
-         "117cb6d2fb87), weights.hdf5 (450,896 bytes, sha256 dfdfd3001b59), not options.json (418 bytes"),
+        (
+            ["--model", str(model)],
+            f"{folder} holds parts of another model: options.json (417 bytes, sha256 "
+            "117cb6d2fb87), weights.hdf5 (450,896 bytes, sha256 dfdfd3001b59), not options.json (418 bytes",
+        ),
     ]
     for extra, message in changes:
         assert main([*base, *extra]) == 2
@@ -172,8 +179,12 @@ def test_what_is_refused_before_any_part(tmp_path, corpus, embedder, capsys):
         f"elmokit: error: output {corpus} is a file; with --shard-sentences the output is a folder"
     ]
     assert main(["embed", str(corpus), str(tmp_path / "a"), *base, "--mode", "stateful"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1].startswith(
-        "elmokit: error: --mode stateful carries LSTM states from each batch into the next, so a part's"
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(
+            "elmokit: error: --mode stateful carries LSTM states from each batch into the next, so a part's"
+        )
     )
     # a file at a part's name that the manifest does not name is the user's
     (tmp_path / "b").mkdir()

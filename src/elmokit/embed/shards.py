@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -155,7 +156,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is not an elmokit manifest ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an elmokit manifest (no \"format\": \"{FORMAT}\")")
+        raise ValueError(f'{path} is not an elmokit manifest (no "format": "{FORMAT}")')
     if manifest.get("version") != VERSION:
         raise ValueError(f"{path} is of version {manifest.get('version')!r}; this elmokit reads {VERSION}")
     return manifest
@@ -317,9 +318,7 @@ def _remove_run(folder: Path, manifest: dict[str, Any]) -> None:
 
 def _refuse_changes(folder: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """A ValueError naming the first thing that differs between the run in ``folder`` and this one."""
-    after = (
-        "; run the same command to resume it, or pass --overwrite (overwrite=True) to start over"
-    )
+    after = "; run the same command to resume it, or pass --overwrite (overwrite=True) to start over"
     if old.get("model") != new["model"]:
         raise ValueError(
             f"{folder} holds parts of another model: {_describe_model(old['model'])}, not "
@@ -409,7 +408,9 @@ def work(
             bar.set_postfix_str(f"parts {plan['skipped'] + parts}/{len(names)}{skipped}, tok/s={rate:.0f}")
 
         if bar is not None and plan["skipped"]:
-            bar.write(f"resuming {folder}: {plan['skipped']} of {len(names)} parts done, skipped")
+            bar.write(
+                f"resuming {folder}: {plan['skipped']} of {len(names)} parts done, skipped", file=sys.stderr
+            )
         show(0, 0, 0)
         source = iter(read_lines(input_path))
         consumed = 0  # lines read from the input so far

@@ -16,7 +16,7 @@ EXTRAS := dev,flair,docs
 FAST := -m "not slow"
 PYTEST := -m pytest -q -n auto --maxprocesses 4
 
-.PHONY: install demo test test-fast test-latest test-lowest test-hub-versions lock lint typecheck docs clean
+.PHONY: install demo test test-fast test-latest test-lowest test-hub-versions test-engines lock lint typecheck docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,17 @@ test-hub-versions: install
 	    tests/test_hub.py tests/test_compat_specs.py -k hf; \
 	done
 
+# The dataflow engines, which the lock leaves out (ray is large): ray[data] at its tested version
+# in .venv-engines on top of .venv (as test-hub-versions does), and the tests of Ray Data (tests/test_ray.py: a
+# two-node cluster on 127.0.0.1 and one ray.init of 2 CPUs, about two minutes), the Parquet tests
+# and the pages that show them (docs/ray.md, docs/embedding.md).
+RAY_VERSION := 2.60.0
+test-engines: install
+	rm -rf .venv-engines
+	$(BIN)/pip install --quiet --target .venv-engines "ray[data]==$(RAY_VERSION)" --constraint $(LOCK)
+	PATH=$(CURDIR)/.venv-engines/bin:$$PATH PYTHONPATH=.venv-engines $(BIN)/python -m pytest -q -n 0 -p no:cacheprovider \
+	  tests/test_ray.py tests/test_parquet.py tests/test_docs.py -k "ray or parquet or embedding.md"
+
 lint: install
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/lint-imports
@@ -104,4 +115,4 @@ docs: install
 	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-lock .venv-lowest .venv-hub-* build src/*.egg-info site
+	rm -rf $(VENV) .venv-latest .venv-lock .venv-lowest .venv-hub-* .venv-engines build src/*.egg-info site

@@ -11,7 +11,8 @@
 - A block that cannot run here (several machines, a GPU, a network, a server that never exits)
   follows the line ``<!-- no-run: why -->`` and is only syntax-checked: ``compile()`` for
   Python, ``bash -n`` for shell.
-- A block that needs an optional package that is not installed (flair) is syntax-checked only.
+- A block that needs an optional package that is not installed (flair, pandas, DuckDB, polars,
+  pyarrow, ray; a shell block with ``--engine ray`` needs ray) is syntax-checked only.
 
 The site's own checks are here too: a Markdown list needs a blank line before it, and the HTML
 check of docs/hooks/mkdocs_hooks.py refuses a raw ``<S>`` tag.
@@ -40,7 +41,7 @@ SHOWN = {"text", "json"}  # output shown to the reader, never run
 NO_RUN = re.compile(r"<!-- no-run: [^>]+ -->\s*$")
 BIN = str(Path(sys.executable).parent)
 # Optional packages a block may need: without them it is syntax-checked only.
-OPTIONAL = {"flair": "flair"}
+OPTIONAL = {"flair": "flair", "pandas": "pandas", "duckdb": "duckdb", "polars": "polars", "pyarrow": "pyarrow", "ray": "ray"}
 
 
 def _no_run(example: Example) -> bool:
@@ -52,7 +53,7 @@ def _missing_optional(source: str) -> bool:
     return any(
         re.search(rf"\b(import|from) {name}\b", source) and importlib.util.find_spec(module) is None
         for name, module in OPTIONAL.items()
-    )
+    ) or ("--engine ray" in source and importlib.util.find_spec("ray") is None)
 
 
 def _where(example: Example) -> str:

@@ -428,17 +428,28 @@ def _embedder(args: argparse.Namespace):
 
 
 def embed_command(args: argparse.Namespace) -> int:
-    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`); with --nproc N or
-    under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
+    """Embed a file of sentences into HDF5 (the layout of `allennlp elmo`) or Parquet; with
+    --nproc N or under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
     from ..base.atomic import check_output
     from ..base.devices import this_process
+    from ..embed.parquet_file import output_format, require_pyarrow
 
     if args.shard_sentences is None:
-        check_output(args.output, args.overwrite, [args.input])  # before the model is read
+        if output_format(args.output, args.format) == "parquet":  # before the model is read
+            require_pyarrow()
+        check_output(args.output, args.overwrite, [args.input])
     elif os.path.lexists(args.output) and not os.path.isdir(args.output):
         raise NotADirectoryError(
             f"output {args.output} is a file; with --shard-sentences the output is a folder"
         )
+    elif args.format == "parquet":
+        require_pyarrow()
+    if args.engine == "ray":
+        if args.shard_sentences is not None:
+            raise ValueError("--shard-sentences goes with the local engine (--nproc, torchrun), not ray")
+        return _embed_on_ray(args)
+    if args.address is not None or args.workers is not None:
+        raise ValueError("--address and --workers go with --engine ray (the local engine takes --nproc)")
     summary = _embedder(args).embed_file(
         args.input,
         args.output,
@@ -450,6 +461,7 @@ def embed_command(args: argparse.Namespace) -> int:
         pooling=args.pooling,
         processes=args.nproc,
         shard_sentences=args.shard_sentences,
+        format=args.format,
     )
     if not args.quiet and this_process().is_main:  # said once under torchrun
         shared = ""
@@ -464,6 +476,48 @@ def embed_command(args: argparse.Namespace) -> int:
             f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
             f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode "
             f"{args.mode}{shared}) -> {summary.output}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _embed_on_ray(args: argparse.Namespace) -> int:
+    """``elmokit embed --engine ray``: the lines embedded by Ray Data's actors
+    (``elmokit.integrations.ray.embed_file``)."""
+    from ..integrations.ray import embed_file, require_ray
+
+    require_ray()
+    if args.nproc != 1:
+        raise ValueError("--engine ray takes --workers N (Ray's actors), not --nproc")
+    if args.options or args.weights or args.backend != "torch" or args.max_tokens_per_batch is not None:
+        raise ValueError(
+            "--engine ray takes --model (not --options/--weights), the torch backend and no "
+            "--max-tokens-per-batch"
+        )
+    if args.dtype == "int8":
+        raise ValueError("--engine ray runs float32 or bfloat16")
+    summary = embed_file(
+        args.input,
+        args.output,
+        model=args.model,
+        layers=args.layers,
+        pooling=args.pooling,
+        mode=args.mode,
+        dtype=args.dtype,
+        device=args.device,
+        batch_size=args.batch_size,
+        tokenize=args.tokenize,
+        overwrite=args.overwrite,
+        workers=2 if args.workers is None else args.workers,
+        address=args.address,
+        progress=not args.quiet,
+        format=args.format,
+    )
+    if not args.quiet:
+        print(
+            f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
+            f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode {args.mode}, "
+            f"ray, {summary.processes} workers) -> {summary.output}",
             file=sys.stderr,
         )
     return 0
@@ -999,14 +1053,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "embed",
-        help="embed a file of sentences into HDF5",
+        help="embed a file of sentences into HDF5 or Parquet",
         description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
         "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
         "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
-        "keeps only its last line number there, as in AllenNLP (-v says how many repeat).",
+        "keeps only its last line number there, as in AllenNLP (-v says how many repeat). An OUTPUT "
+        "named .parquet (or --format parquet) is a Parquet file instead: one row per line with its "
+        "index, its tokens and one column of vectors per layer (docs/embedding.md).",
     )
     p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("output", help="HDF5 file to write (a folder with --shard-sentences)")
+    p.add_argument(
+        "output",
+        help="HDF5 or Parquet file to write (the format from its suffix); with --shard-sentences a folder",
+    )
+    p.add_argument(
+        "--format",
+        choices=["hdf5", "parquet"],
+        default=None,
+        help="the output's format (default: parquet for a .parquet or .pq OUTPUT, else hdf5; "
+        "parquet needs elmokit[parquet])",
+    )
     _model_arguments(p)
     p.add_argument(
         "--layers",
@@ -1051,6 +1117,21 @@ def build_parser() -> argparse.ArgumentParser:
         "the same command after a crash skips the finished parts (docs/embedding.md)",
     )
     _nproc_argument(p)
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: Ray Data's actors embed the lines, one model each, and this process writes the "
+        "Parquet OUTPUT (needs elmokit[ray]; docs/ray.md)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --engine ray: a running Ray cluster's address (default: a local one)",
+    )
+    p.add_argument(
+        "--workers", type=_ranged(int, low=1), default=None, help="with --engine ray: the actors (default: 2)"
+    )
     p.set_defaults(func=embed_command)
 
     p = sub.add_parser("tokens", help="context-independent token vectors of a vocabulary file")

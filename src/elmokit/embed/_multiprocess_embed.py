@@ -57,6 +57,7 @@ from ..base.atomic import check_output, handle_signals, remove_leftovers, scratc
 from ..base.devices import Process, process_device, this_process
 from ..base.textfiles import count_lines, line_splitter, read_lines
 from ..model.bilm import BiLM
+from .parquet_file import ParquetLayout, write_parquet
 from .vectors_file import (
     TOKEN_BLOCK,
     check_layers,
@@ -91,6 +92,8 @@ class LineEmbedder(Protocol):
     def embed_sentences(self, sentences: Any, pooling: str | None = None) -> Iterator[np.ndarray]: ...
 
     def encode_token_block(self, tokens: list[str]) -> np.ndarray: ...
+
+    def parquet_layout(self, layers: str = "all", pooling: str | None = None) -> ParquetLayout: ...
 
 
 @contextmanager
@@ -239,6 +242,7 @@ def _embed_share(
     tokenize: bool,
     progress: bool,
     pooling: str | None,
+    format: str = "hdf5",
 ) -> str:
     """One process's part of the lines, and process 0's merge; the summary as JSON."""
     check_layers(layers, pooling)
@@ -283,7 +287,8 @@ def _embed_share(
         bar.close()
         embedded = time.perf_counter()
         lines, n_tokens, empty = _merge_lines(
-            embedder, input_path, output, overwrite, parts, layers, pooling, sentence_index, progress
+            embedder, input_path, output, overwrite, parts, layers, pooling, sentence_index, progress,
+            format, tokenize,
         )
         end = time.perf_counter()
         summary: dict[str, Any] = {
@@ -339,9 +344,11 @@ def _merge_lines(
     pooling: str | None,
     sentence_index: bool,
     progress: bool,
+    format: str = "hdf5",
+    tokenize: bool = False,
 ) -> tuple[int, int, int]:
-    """Process 0: write OUTPUT from the parts, line by line in the input's order, as one
-    process writes it. Returns (lines, tokens, empty lines)."""
+    """Process 0: write OUTPUT (HDF5 or Parquet) from the parts, line by line in the input's
+    order, as one process writes it. Returns (lines, tokens, empty lines)."""
     chunk, size = embedder.chunk_size, len(paths)
     num_layers, dim = embedder.bilm.num_layers, embedder.dim
     pooled = row_shape(num_layers, dim, layers, pooling)
@@ -353,15 +360,17 @@ def _merge_lines(
 
     parts = [_Part(path) for path in paths]
     counts = [0, 0, 0]
+    parquet = format == "parquet"
+    split = line_splitter(tokenize, warn=False)
     total = sum(len(part.lengths) for part in parts)
 
-    def rows(bar: Any) -> Iterator[tuple[str, np.ndarray]]:
+    def rows(bar: Any) -> Iterator[tuple[Any, np.ndarray]]:
         for i, text in enumerate(read_lines(input_path)):
             part = parts[(i // chunk) % size]
             if part.next == len(part.lengths):
                 raise ValueError(f"{input_path} changed while it was embedded: it has more lines than before")
             array, n = part.read(shape)
-            yield text, array
+            yield (split(text) if parquet else text), array
             counts[0] += 1
             counts[1] += n
             counts[2] += n == 0
@@ -371,7 +380,10 @@ def _merge_lines(
 
     try:
         with progress_bar(progress, total, "merge") as bar:
-            write_vectors(output, overwrite, rows(bar), pooled, sentence_index)
+            if parquet:
+                write_parquet(output, overwrite, rows(bar), embedder.parquet_layout(layers, pooling))
+            else:
+                write_vectors(output, overwrite, rows(bar), pooled, sentence_index)
     finally:
         for part in parts:
             part.close()

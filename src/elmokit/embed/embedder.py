@@ -33,6 +33,7 @@ from ..model.int8 import check_int8, quantize_bilm
 from ..model.lstm import LstmState
 from . import _multiprocess_embed as engine
 from . import shards
+from .parquet_file import ParquetLayout, output_format, require_pyarrow, write_parquet
 from .vectors_file import (
     TOKEN_BLOCK,
     check_layers,
@@ -178,6 +179,8 @@ class Embedder:
         if bilm is not model:
             bilm.eval()
         self.bilm = bilm
+        # what a Parquet file's metadata calls the model: the name or path it was given as
+        self.model_name = _model_name(model, bilm)
         self.mode, self.batch_size = mode, batch_size
         self.max_tokens_per_batch = max_tokens_per_batch
         self.carried = CarriedState() if mode == "stateful" else None
@@ -389,6 +392,7 @@ class Embedder:
         pooling: str | None = None,
         processes: int = 1,
         shard_sentences: int | None = None,
+        format: str | None = None,
     ) -> EmbedSummary:
         """Embed a file of sentences (one per line, ``-`` = stdin) into HDF5 laid out like
         ``allennlp elmo`` (``elmokit.embed.vectors_file``): dataset "i" for line i, (3, n_tokens, dim)
@@ -421,8 +425,16 @@ class Embedder:
         ``overwrite`` deletes the parts and the manifest of the earlier run and starts over.
         With ``processes`` or torchrun the processes split the parts. Read the folder with
         ``elmokit.embed.shards.read_shards``. The summary counts what this run embedded.
+
+        ``format`` "parquet" (or None with an output named .parquet) writes Parquet instead
+        (``elmokit.embed.parquet_file``, the ``parquet`` extra): one row per line with its
+        ``index``, its ``tokens`` and a column of vectors per chosen layer, the same vectors as
+        the HDF5 file's; ``sentence_index`` does not apply to it.
         """
         check_layers(layers, pooling)
+        format = output_format(output_path, format)
+        if format == "parquet":
+            require_pyarrow()
         arguments = {
             "input_path": input_path,
             "output_path": output_path,
@@ -432,6 +444,7 @@ class Embedder:
             "tokenize": tokenize,
             "progress": progress,
             "pooling": pooling,
+            "format": format,
         }
         if shard_sentences is not None:
             return self._embed_shards(arguments, shard_sentences, processes)
@@ -446,14 +459,16 @@ class Embedder:
         split = line_splitter(tokenize)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
-        texts: deque[str] = deque()  # lines read but not yet written, in order
+        texts: deque[Any] = deque()  # lines (Parquet: their tokens) read but not yet written, in order
+        parquet = format == "parquet"
 
         def token_lists() -> Iterator[list[str]]:
             for text in lines:
-                texts.append(text)
-                yield split(text)
+                tokens = split(text)
+                texts.append(tokens if parquet else text)
+                yield tokens
 
-        def rows(bar: Any) -> Iterator[tuple[str, np.ndarray]]:
+        def rows(bar: Any) -> Iterator[tuple[Any, np.ndarray]]:
             for array in self.embed_sentences(token_lists()):
                 yield texts.popleft(), output_array(array, layers, pooling)
                 n = array.shape[1]
@@ -464,8 +479,11 @@ class Embedder:
                 bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
 
         with engine.progress_bar(progress, total) as bar:
-            shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
-            write_vectors(output, overwrite, rows(bar), shape, sentence_index)
+            if parquet:
+                write_parquet(output, overwrite, rows(bar), self.parquet_layout(layers, pooling))
+            else:
+                shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
+                write_vectors(output, overwrite, rows(bar), shape, sentence_index)
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
 
     def _embed_shards(self, arguments: dict[str, Any], shard_sentences: int, processes: int) -> EmbedSummary:
@@ -475,7 +493,7 @@ class Embedder:
         if dtype != "int8":
             dtype = str(DTYPES.get(dtype, dtype)).removeprefix("torch.")  # one name for fp32, float32...
         identity = {"mode": self.mode, "dtype": dtype, "backend": self._settings["backend"]}
-        arguments |= {"shard_sentences": shard_sentences, "part_format": "hdf5", "identity": identity}
+        arguments |= {"shard_sentences": shard_sentences, "identity": identity}  # "format": the parts'
         shared = self._shared(processes)
         if shared and processes == 1:  # torchrun: process 0 prepares and tells the others
             return EmbedSummary(**engine.share(shards.work, self, arguments))
@@ -485,6 +503,10 @@ class Embedder:
         make = functools.partial(_embedder_like, self.bilm, self._settings)
         what = ("embed", os.fspath(arguments["output_path"]))
         return EmbedSummary(**engine.run(shards.work, processes, make, _device(self.bilm), arguments, what))
+
+    def parquet_layout(self, layers: str = "all", pooling: str | None = None) -> ParquetLayout:
+        """The columns and metadata of this Embedder's Parquet files (``elmokit.embed.parquet_file``)."""
+        return ParquetLayout(self.bilm.num_layers, self.dim, layers, pooling, self.model_name, self.mode)
 
     def embed_tokens_file(
         self,
@@ -530,7 +552,7 @@ class Embedder:
         """A file job shared by ``processes`` new workers, or by torchrun's processes (1)."""
         if processes == 1:
             return engine.share(kind, self, arguments)
-        make = functools.partial(_embedder_like, self.bilm, self._settings)
+        make = functools.partial(_embedder_like, self.bilm, self._settings, self.model_name)
         what = (kind, os.fspath(output_path))
         return engine.run(kind, processes, make, _device(self.bilm), arguments, what)
 
@@ -542,12 +564,23 @@ class Embedder:
         return block
 
 
-def _embedder_like(bilm: BiLM, settings: dict[str, Any], device: torch.device) -> Embedder:
+def _embedder_like(bilm: BiLM, settings: dict[str, Any], model_name: str, device: torch.device) -> Embedder:
     """An Embedder of ``bilm`` with ``settings`` on ``device``: a worker's (embed_file with
     processes=N)."""
     with warnings.catch_warnings():  # said once, by the Embedder that started the workers
         warnings.simplefilter("ignore", UserWarning)
-        return Embedder(bilm, device=device, **settings)
+        embedder = Embedder(bilm, device=device, **settings)
+    embedder.model_name = model_name
+    return embedder
+
+
+def _model_name(model: object, bilm: BiLM) -> str:
+    """The model as it was given (a name, a folder, a URL), or the folder of a BiLM's files."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if bilm.source_files:
+        return bilm.source_files[0].parent.name
+    return ""
 
 
 def _onnx_backend(

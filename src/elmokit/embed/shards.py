@@ -46,6 +46,7 @@ from ..base.devices import this_process
 from ..base.textfiles import count_lines, line_splitter, read_lines
 from ..model.weights import open_hdf5
 from ._multiprocess_embed import LineEmbedder, _Job, progress_bar
+from .parquet_file import require_pyarrow, write_parquet
 from .vectors_file import POOLED_DATASET, check_layers, output_array, row_shape, write_vectors
 
 __all__ = [
@@ -77,26 +78,37 @@ _log = logging.getLogger(__name__)
 
 
 # -- the part files, one entry per format -------------------------------------------------------
+Row = tuple[str, list[str], np.ndarray]  # a line's text, its tokens, its output array
+
+
 @dataclass(frozen=True)
 class PartFormat:
-    """How a part file of one format is written and read: ``write(path, rows, row_shape,
-    sentence_index)`` writes the (text, array) of the part's lines atomically (the writer of a
-    whole output); ``read(path, lines, pooled)`` yields the lines' float32 arrays in order."""
+    """How a part file of one format is written and read: ``write(embedder, path, rows,
+    layers, pooling, sentence_index, first_line)`` writes the rows of the part's lines
+    atomically with the writer of a whole output; ``read(path, lines, layers, pooling)`` yields
+    the lines' float32 arrays in order."""
 
     suffix: str
-    write: Callable[[Path, Iterable[tuple[str, np.ndarray]], tuple[int, ...] | None, bool], None]
-    read: Callable[[Path, int, bool], Iterator[np.ndarray]]
+    write: Callable[[LineEmbedder, Path, Iterable[Row], str, str | None, bool, int], None]
+    read: Callable[[Path, int, str, str | None], Iterator[np.ndarray]]
 
 
 def _write_hdf5(
-    path: Path, rows: Iterable[tuple[str, np.ndarray]], shape: tuple[int, ...] | None, sentence_index: bool
+    embedder: LineEmbedder,
+    path: Path,
+    rows: Iterable[Row],
+    layers: str,
+    pooling: str | None,
+    sentence_index: bool,
+    first_line: int,
 ) -> None:
-    write_vectors(path, True, rows, shape, sentence_index)
+    shape = row_shape(embedder.bilm.num_layers, embedder.dim, layers, pooling)
+    write_vectors(path, True, ((text, array) for text, _, array in rows), shape, sentence_index)
 
 
-def _read_hdf5(path: Path, lines: int, pooled: bool) -> Iterator[np.ndarray]:
+def _read_hdf5(path: Path, lines: int, layers: str, pooling: str | None) -> Iterator[np.ndarray]:
     with open_hdf5(path, "part file") as f:
-        if pooled:
+        if pooling is not None:
             matrix = f[POOLED_DATASET]
             for i in range(lines):
                 yield matrix[i]
@@ -105,7 +117,40 @@ def _read_hdf5(path: Path, lines: int, pooled: bool) -> Iterator[np.ndarray]:
                 yield f[str(i)][...]
 
 
-PART_FORMATS: dict[str, PartFormat] = {"hdf5": PartFormat(".hdf5", _write_hdf5, _read_hdf5)}
+def _write_parquet(
+    embedder: LineEmbedder,
+    path: Path,
+    rows: Iterable[Row],
+    layers: str,
+    pooling: str | None,
+    sentence_index: bool,
+    first_line: int,
+) -> None:
+    """A Parquet part: its "index" column holds the lines' numbers in the whole input."""
+    layout = embedder.parquet_layout(layers, pooling)
+    write_parquet(path, True, ((tokens, array) for _, tokens, array in rows), layout, first_index=first_line)
+
+
+def _read_parquet(path: Path, lines: int, layers: str, pooling: str | None) -> Iterator[np.ndarray]:
+    require_pyarrow("reading Parquet parts")
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(path) as part:
+        names = [name for name in part.schema_arrow.names if name not in ("index", "tokens")]
+        dim = int((part.schema_arrow.metadata or {})[b"elmokit.dim"])
+        for batch in part.iter_batches(columns=names):
+            columns = [batch.column(name).to_pylist() for name in names]
+            for values in zip(*columns, strict=True):
+                arrays = [np.asarray(value, dtype=np.float32) for value in values]
+                if pooling is None:  # (n_tokens, dim), also for a line without tokens
+                    arrays = [a.reshape(len(a), dim) for a in arrays]
+                yield np.stack(arrays) if layers == "all" else arrays[0]
+
+
+PART_FORMATS: dict[str, PartFormat] = {
+    "hdf5": PartFormat(".hdf5", _write_hdf5, _read_hdf5),
+    "parquet": PartFormat(".parquet", _write_parquet, _read_parquet),
+}
 
 
 def part_name(index: int, total: int, suffix: str) -> str:
@@ -195,7 +240,7 @@ def prepare(
     progress: bool,
     pooling: str | None,
     shard_sentences: int,
-    part_format: str,
+    format: str,
     identity: dict[str, Any],
     plan: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -205,8 +250,8 @@ def prepare(
     check_layers(layers, pooling)
     if isinstance(shard_sentences, bool) or not isinstance(shard_sentences, int) or shard_sentences < 1:
         raise ValueError(f"shard_sentences must be a whole number of at least 1, got {shard_sentences!r}")
-    if part_format not in PART_FORMATS:
-        raise ValueError(f"part format must be one of {', '.join(PART_FORMATS)}, got {part_format!r}")
+    if format not in PART_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(PART_FORMATS)}, got {format!r}")
     if embedder.mode == "stateful":
         raise ValueError(
             "--mode stateful carries LSTM states from each batch into the next, so a part's vectors "
@@ -224,7 +269,7 @@ def prepare(
         if not folder.parent.is_dir():
             raise FileNotFoundError(f"output folder does not exist: {folder.parent}")
         folder.mkdir()
-    fmt = PART_FORMATS[part_format]
+    fmt = PART_FORMATS[format]
     inputs = [input_path, *embedder.source_files]
     manifest_path = check_output(folder / MANIFEST, True, inputs)
     n_parts = -(-total // shard_sentences)
@@ -247,7 +292,7 @@ def prepare(
             "sha256": file_sha256(input_path),
             "lines": total,
         },
-        "part_format": part_format,
+        "part_format": format,
         "part_sentences": shard_sentences,
         "total_parts": n_parts,
     }
@@ -354,7 +399,7 @@ def work(
     progress: bool,
     pooling: str | None,
     shard_sentences: int,
-    part_format: str,
+    format: str,
     identity: dict[str, Any],
     plan: dict[str, Any] | None = None,
 ) -> str:
@@ -381,7 +426,7 @@ def work(
         if "error" in plan:
             raise ValueError(plan["error"])
     start = time.perf_counter()
-    folder, fmt = Path(output_path), PART_FORMATS[part_format]
+    folder, fmt = Path(output_path), PART_FORMATS[format]
     names, total, pending = plan["names"], plan["lines"], plan["pending"]
     split = line_splitter(tokenize, warn=rank == 0)
     counts = {"sentences": 0, "tokens": 0, "empty": 0, "parts": 0, "lines": 0}
@@ -427,7 +472,9 @@ def work(
             embedder.bilm.token_encoder.clear_cache()
             path = folder / name
             lines = _part_lines(source, count, input_path)
-            tokens, empty = _write_part(embedder, fmt, path, lines, split, layers, pooling, sentence_index)
+            tokens, empty = _write_part(
+                embedder, fmt, path, lines, first, split, layers, pooling, sentence_index
+            )
             consumed += count
             entry |= {"size": path.stat().st_size, "sha256": file_sha256(path)}
             _update_part(folder, entry)
@@ -472,28 +519,30 @@ def _write_part(
     fmt: PartFormat,
     path: Path,
     lines: Iterable[str],
+    first_line: int,
     split: Callable[[str], list[str]],
     layers: str,
     pooling: str | None,
     sentence_index: bool,
 ) -> tuple[int, int]:
     """Embed a part's lines into its file (atomically); returns (tokens, empty lines)."""
-    texts: deque[str] = deque()  # lines read but not yet written, in order
+    texts: deque[tuple[str, list[str]]] = deque()  # lines read but not yet written, in order
     stats = [0, 0]
 
     def token_lists() -> Iterator[list[str]]:
         for text in lines:
-            texts.append(text)
-            yield split(text)
+            tokens = split(text)
+            texts.append((text, tokens))
+            yield tokens
 
-    def rows() -> Iterator[tuple[str, np.ndarray]]:
+    def rows() -> Iterator[Row]:
         for array in embedder.embed_sentences(token_lists()):
-            yield texts.popleft(), output_array(array, layers, pooling)
+            text, tokens = texts.popleft()
+            yield text, tokens, output_array(array, layers, pooling)
             stats[0] += array.shape[1]
             stats[1] += array.shape[1] == 0
 
-    shape = row_shape(embedder.bilm.num_layers, embedder.dim, layers, pooling)
-    fmt.write(path, rows(), shape, sentence_index)
+    fmt.write(embedder, path, rows(), layers, pooling, sentence_index, first_line)
     return stats[0], stats[1]
 
 
@@ -512,9 +561,9 @@ def read_shards(folder: str | os.PathLike, verify: bool = True) -> Iterator[np.n
             "finished; run its command again to finish it"
         )
     fmt = PART_FORMATS[manifest["part_format"]]
-    pooled = manifest["options"]["pooling"] is not None
+    layers, pooling = manifest["options"]["layers"], manifest["options"]["pooling"]
     for part in parts:
         path = folder / part["name"]
         if verify and file_sha256(path) != part["sha256"]:
             raise ValueError(f"{path} does not match its sha256 in the manifest")
-        yield from fmt.read(path, part["lines"], pooled)
+        yield from fmt.read(path, part["lines"], layers, pooling)

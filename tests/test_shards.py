@@ -220,3 +220,33 @@ def test_an_unfinished_folder_is_not_read_and_an_empty_input_has_no_parts(tmp_pa
     assert (summary.parts, summary.sentences) == (0, 0)
     assert sorted(p.name for p in (tmp_path / "none").iterdir()) == [MANIFEST]
     assert list(read_shards(tmp_path / "none")) == []
+
+
+def test_parquet_parts_hold_the_rows_of_one_parquet_output(tmp_path, corpus, embedder):
+    """--format parquet: each part is the Parquet file of its lines, its "index" column the
+    lines' numbers in the whole input; read back across the parts, the vectors are the single
+    file's bit for bit (parts of a multiple of the chunk, the token cache off); a killed part
+    (claimed, not finished) is redone to the same bytes."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    corpus = write_lines(corpus, corpus.read_text().splitlines()[:130])
+    folder, one = tmp_path / "parts", tmp_path / "one.parquet"
+    with kernels.disabled("token_cache"):
+        embedder.embed_file(corpus, one, "top", progress=False)
+        embedder.embed_file(corpus, folder, "top", progress=False, shard_sentences=64, format="parquet")
+        first = contents(folder)
+        assert sorted(first) == [MANIFEST, "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+        table = pq.read_table(one)
+        assert pq.read_table(folder / "part-00001.parquet").column("index").to_pylist() == list(
+            range(64, 128)
+        )
+        for i, array in enumerate(read_shards(folder)):
+            expected = np.asarray(table.column("top")[i].as_py(), dtype=np.float32).reshape(-1, 32)
+            np.testing.assert_array_equal(array, expected, err_msg=f"line {i}")
+        assert i == 129
+        manifest = json.loads(first[MANIFEST])
+        manifest["parts"][1]["sha256"] = None
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+        summary = embedder.embed_file(
+            corpus, folder, "top", progress=False, shard_sentences=64, format="parquet"
+        )
+    assert (summary.skipped_parts, summary.sentences) == (2, 64) and contents(folder) == first

@@ -30,6 +30,7 @@ SLOW_MODULES = frozenset(
         "test_compile",
         "test_script_help",
         "test_flair",
+        "test_shards_processes",
         "test_ray",
     }
 )

@@ -479,10 +479,19 @@ def embed_command(args: argparse.Namespace) -> int:
         say("elmokit: error: the following arguments are required: output; see 'elmokit embed --help'")
         raise SystemExit(2)
     args.mode = args.mode or "warm"
-    if output_format(args.output, args.format) == "parquet":  # before the model is read
+    if args.shard_sentences is None:
+        if output_format(args.output, args.format) == "parquet":  # before the model is read
+            require_pyarrow()
+        check_output(args.output, args.overwrite, [args.input])
+    elif os.path.lexists(args.output) and not os.path.isdir(args.output):
+        raise NotADirectoryError(
+            f"output {args.output} is a file; with --shard-sentences the output is a folder"
+        )
+    elif args.format == "parquet":
         require_pyarrow()
-    check_output(args.output, args.overwrite, [args.input])
     if args.engine == "ray":
+        if args.shard_sentences is not None:
+            raise ValueError("--shard-sentences goes with the local engine (--nproc, torchrun), not ray")
         return _embed_on_ray(args)
     if args.address is not None or args.workers is not None:
         raise ValueError("--address and --workers go with --engine ray (the local engine takes --nproc)")
@@ -496,12 +505,18 @@ def embed_command(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         pooling=args.pooling,
         processes=args.nproc,
+        shard_sentences=args.shard_sentences,
         format=args.format,
     )
     if not args.quiet and this_process().is_main:  # said once under torchrun
         shared = ""
-        if summary.processes > 1:
+        if summary.processes > 1 and args.shard_sentences is None:
             shared = f", {summary.processes} processes, merge {summary.merge_seconds:.1f} s"
+        elif summary.processes > 1:
+            shared = f", {summary.processes} processes"
+        if args.shard_sentences is not None:
+            done = f", {summary.skipped_parts:,} done before and skipped" if summary.skipped_parts else ""
+            shared += f"; {summary.parts:,} parts{done}"
         print(
             f"{summary.sentences:,} sentences ({summary.empty:,} empty), {summary.tokens:,} tokens "
             f"in {summary.seconds:.1f} s ({summary.tokens_per_second:,.0f} tokens/s, mode "
@@ -575,6 +590,7 @@ def _embed_fasta(args: argparse.Namespace) -> int:
             ("--nproc", args.nproc != 1),
             ("--format parquet", args.format == "parquet" or str(args.output).endswith((".parquet", ".pq"))),
             ("--engine ray", args.engine != "local"),
+            ("--shard-sentences", args.shard_sentences is not None),
         )
         if given
     ]
@@ -1147,7 +1163,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(docs/embedding.md).",
     )
     p.add_argument("input", nargs="?", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument("output", help="HDF5 or Parquet file to write (the format from its suffix)")
+    p.add_argument(
+        "output",
+        help="HDF5 or Parquet file to write (the format from its suffix); with --shard-sentences a folder",
+    )
     p.add_argument(
         "--format",
         choices=["hdf5", "parquet"],
@@ -1218,6 +1237,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="onnxruntime: run an ONNX export of the model on the CPU (needs elmokit[onnx])",
     )
     p.add_argument("--onnx", help="with --backend onnxruntime: the model's file from export-onnx")
+    p.add_argument(
+        "--shard-sentences",
+        type=_ranged(int, low=1),
+        default=None,
+        metavar="N",
+        help="a resumable run: OUTPUT is a folder of part files of N lines each plus manifest.json; "
+        "the same command after a crash skips the finished parts (docs/embedding.md)",
+    )
     _nproc_argument(p)
     p.add_argument(
         "--engine",

@@ -218,15 +218,16 @@ class _Job:
 
 
 def share(
-    kind: str,
+    kind: str | Callable[..., str],
     embedder: LineEmbedder,
     arguments: dict[str, Any],
     job: _Job | None = None,
 ) -> dict[str, Any]:
     """This process's share of a file job (``kind`` "embed": ``_embed_share``'s ``arguments``;
-    "tokens": ``_tokens_share``'s), among torchrun's processes unless ``job`` is given. Returns
-    the run's summary (the same in every process)."""
-    work = _embed_share if kind == "embed" else _tokens_share
+    "tokens": ``_tokens_share``'s; or the job's own function of ``(embedder, job, **arguments)``,
+    e.g. ``shards.work``), among torchrun's processes unless ``job`` is given. Returns the run's
+    summary (the same in every process)."""
+    work = kind if callable(kind) else _embed_share if kind == "embed" else _tokens_share
     return json.loads(work(embedder, job, **arguments))
 
 
@@ -436,7 +437,7 @@ def _tokens_share(
 class _Start:
     """What each worker needs: how to build its Embedder on a device, the parent's settings."""
 
-    kind: str
+    kind: str | Callable[..., str]
     make_embedder: Callable[[torch.device], LineEmbedder]
     device: str  # "cuda": each worker on cuda:RANK; else this device for all
     arguments: dict[str, Any]
@@ -450,7 +451,7 @@ _STOP_SECONDS = 30.0  # how long a worker may take to stop on SIGTERM before it 
 
 
 def run(
-    kind: str,
+    kind: str | Callable[..., str],
     processes: int,
     make_embedder: Callable[[torch.device], LineEmbedder],
     device: torch.device,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import time
 import warnings
@@ -31,6 +32,7 @@ from ..model.characters import EXPECTED_SENTENCES, check_token_lists
 from ..model.int8 import check_int8, quantize_bilm
 from ..model.lstm import LstmState
 from . import _multiprocess_embed as engine
+from . import shards
 from .parquet_file import ParquetLayout, output_format, require_pyarrow, write_parquet
 from .vectors_file import (
     TOKEN_BLOCK,
@@ -81,6 +83,8 @@ class EmbedSummary:
     output: str
     processes: int = 1  # the processes that shared the work (``processes=N`` or torchrun)
     merge_seconds: float = 0.0  # of them, the seconds process 0 took to merge their parts
+    parts: int = 0  # a sharded run (``shard_sentences``): the output's parts
+    skipped_parts: int = 0  # of them, those done by an earlier run and verified, not embedded again
 
     @property
     def tokens_per_second(self) -> float:
@@ -387,6 +391,7 @@ class Embedder:
         progress: bool = True,
         pooling: str | None = None,
         processes: int = 1,
+        shard_sentences: int | None = None,
         format: str | None = None,
     ) -> EmbedSummary:
         """Embed a file of sentences (one per line, ``-`` = stdin) into HDF5 laid out like
@@ -413,6 +418,14 @@ class Embedder:
         into the output in blocks, as one fixed-length UTF-8 string (read it with
         ``json.loads(f["sentence_to_index"][0])``, as allennlp's files).
 
+        ``shard_sentences`` N: a resumable run; ``output_path`` is a folder of part files of N
+        lines each plus ``manifest.json`` (``elmokit.embed.shards``): the same call after a
+        crash skips the parts that are complete and verified, and ends with the folder an
+        uninterrupted run writes; a changed model, option or input is refused (ValueError).
+        ``overwrite`` deletes the parts and the manifest of the earlier run and starts over.
+        With ``processes`` or torchrun the processes split the parts. Read the folder with
+        ``elmokit.embed.shards.read_shards``. The summary counts what this run embedded.
+
         ``format`` "parquet" (or None with an output named .parquet) writes Parquet instead
         (``elmokit.embed.parquet_file``, the ``parquet`` extra): one row per line with its
         ``index``, its ``tokens`` and a column of vectors per chosen layer, the same vectors as
@@ -433,6 +446,8 @@ class Embedder:
             "pooling": pooling,
             "format": format,
         }
+        if shard_sentences is not None:
+            return self._embed_shards(arguments, shard_sentences, processes)
         if self._shared(processes):
             if processes > 1:  # what every process would refuse, refused once
                 engine.check_splittable(self.mode, input_path)
@@ -470,6 +485,24 @@ class Embedder:
                 shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
                 write_vectors(output, overwrite, rows(bar), shape, sentence_index)
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
+
+    def _embed_shards(self, arguments: dict[str, Any], shard_sentences: int, processes: int) -> EmbedSummary:
+        """``embed_file`` with ``shard_sentences``: prepared here (or by torchrun's process 0),
+        then the parts embedded by this process or shared by ``processes`` workers."""
+        dtype = self._settings["dtype"]
+        if dtype != "int8":
+            dtype = str(DTYPES.get(dtype, dtype)).removeprefix("torch.")  # one name for fp32, float32...
+        identity = {"mode": self.mode, "dtype": dtype, "backend": self._settings["backend"]}
+        arguments |= {"shard_sentences": shard_sentences, "identity": identity}  # "format": the parts'
+        shared = self._shared(processes)
+        if shared and processes == 1:  # torchrun: process 0 prepares and tells the others
+            return EmbedSummary(**engine.share(shards.work, self, arguments))
+        arguments["plan"] = shards.prepare(self, **arguments)
+        if not shared:
+            return EmbedSummary(**json.loads(shards.work(self, None, **arguments)))
+        make = functools.partial(_embedder_like, self.bilm, self._settings)
+        what = ("embed", os.fspath(arguments["output_path"]))
+        return EmbedSummary(**engine.run(shards.work, processes, make, _device(self.bilm), arguments, what))
 
     def parquet_layout(self, layers: str = "all", pooling: str | None = None) -> ParquetLayout:
         """The columns and metadata of this Embedder's Parquet files (``elmokit.embed.parquet_file``)."""

@@ -304,7 +304,8 @@ def run_resume(
     one = work / "one.txt"
     one.write_text(src.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
     base = [sys.executable, "-m", "elmokit.cli", "embed"]
-    shard = ["--model", model, "--quiet", "--shard-sentences", str(args.shard_sentences), "--format", fmt]
+    shard = ["--model", model, "--quiet", "--shard-sentences", str(args.shard_sentences)]
+    shard += ["--format", "parquet"] if fmt == "parquet" else []  # HDF5: the default
     label = f"{shape} resume {fmt}"
     startup = run_measured([*base, str(one), str(work / "one-out"), *shard], env, args.timeout)
     full = run_measured([*base, str(src), str(work / "full"), *shard], env, args.timeout)

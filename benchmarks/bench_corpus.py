@@ -148,6 +148,13 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _read_back(handle: Any) -> str:
+    handle.seek(0)
+    text = handle.read()
+    handle.close()
+    return str(text)
+
+
 def run_measured(
     cmd: list[str], env: dict[str, str], timeout: float, kill_when: Any = None
 ) -> dict[str, Any]:
@@ -156,9 +163,9 @@ def run_measured(
 
     before, children_before = cpu_sample(), _children_cpu()
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    # files, not pipes: a progress bar would fill a pipe nobody reads and stop the command
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
     sampler = TreeSampler(proc.pid)
     sampler.start()
     killed = False
@@ -169,7 +176,7 @@ def run_measured(
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
             time.sleep(0.05)
-        stdout, stderr = proc.communicate()
+        proc.wait()
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -178,6 +185,7 @@ def run_measured(
         sampler.stop.set()
         sampler.join()
     seconds = time.perf_counter() - start
+    stdout, stderr = _read_back(out), _read_back(err)
     after, child_cpu = cpu_sample(), _children_cpu() - children_before
     total_cpu = max(after[0] - before[0], 1) / os.sysconf("SC_CLK_TCK")  # CPU seconds of all CPUs
     if not killed:  # the group's leftovers (a Ray cluster the command started is stopped by it)
@@ -416,6 +424,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     from common import shown_command
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up on a kill
 
     shapes = [s.strip() for s in args.models.split(",") if s.strip()]
     for shape in shapes:

@@ -65,7 +65,7 @@ def corpus_lines(path: str | None, n: int, seed: int) -> list[str]:
         with open(path, encoding="utf-8") as handle:
             source = [line.strip() for line in handle if line.strip()]
         if not source:
-            raise SystemExit(f"elmokit: error: {path} holds no non-blank line")
+            raise ValueError(f"{path} holds no non-blank line")
         return [source[i % len(source)] for i in range(n)]
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -417,6 +417,7 @@ def main() -> None:
         help="part size of the resume runs (default: sentences / 10)",
     )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume runs")
+    parser.add_argument("--resume-only", action="store_true", help="only the resume runs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=1800.0, help="kill a command after this many s")
     parser.add_argument(
@@ -430,9 +431,11 @@ def main() -> None:
     shapes = [s.strip() for s in args.models.split(",") if s.strip()]
     for shape in shapes:
         if shape not in SHAPES:
-            raise SystemExit(f"elmokit: error: unknown model {shape!r} (choose from {', '.join(SHAPES)})")
+            parser.error(f"unknown model {shape!r} (choose from {', '.join(SHAPES)})")
     if args.sentences < 2 or args.rounds < 1 or args.workers < 1:
-        raise SystemExit("elmokit: error: --sentences must be at least 2, --rounds and --workers at least 1")
+        parser.error("--sentences must be at least 2, --rounds and --workers at least 1")
+    if args.resume_only and args.no_resume:
+        parser.error("--resume-only and --no-resume exclude each other")
     args.shard_sentences = args.shard_sentences or max(1, args.sentences // 10)
 
     env = dict(os.environ)
@@ -440,7 +443,10 @@ def main() -> None:
         env[name] = str(args.threads)
     env["PYTHONWARNINGS"] = "ignore"
     env["RAY_DEDUP_LOGS"] = "0"
-    lines = corpus_lines(args.corpus, args.sentences, args.seed)
+    try:
+        lines = corpus_lines(args.corpus, args.sentences, args.seed)
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
     n_tokens = sum(len(line.split()) for line in lines)
     uptime_before = Path("/proc/loadavg").read_text().split()[:3]
     print(
@@ -468,7 +474,7 @@ def main() -> None:
                 ("ray", "parquet"),
             ]
         ]
-        for round_ in range(args.rounds):
+        for round_ in range(0 if args.resume_only else args.rounds):
             print(f"round {round_ + 1}/{args.rounds}", flush=True)
             order = cells if round_ % 2 == 0 else cells[::-1]
             for shape, engine, fmt in order:
@@ -490,12 +496,12 @@ def main() -> None:
             )
     uptime_after = Path("/proc/loadavg").read_text().split()[:3]
 
-    summary = {shape: ratios(runs, shape) for shape in shapes}
+    summary = {shape: ratios(runs, shape) for shape in shapes} if runs else {}
     print(
         f"\n{'model':6s} {'engine':6s} {'format':8s} {'tok/s (median)':>15s} {'worker peak RSS MB':>20s} "
         f"{'output MiB':>10s}"
     )
-    for shape, engine, fmt in cells:
+    for shape, engine, fmt in cells if runs else []:
         mine = [r for r in runs if (r["model"], r["engine"], r["format"]) == (shape, engine, fmt)]
         rate = statistics.median(r["tokens_per_second"] for r in mine)
         peak = max(max(r["worker_peak_rss_mb"], default=0.0) for r in mine)

@@ -27,6 +27,7 @@ SLOW_MODULES = frozenset(
         "test_script_help",
         "test_flair",
         "test_ray",
+        "test_spark",
     }
 )
 

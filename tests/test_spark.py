@@ -37,7 +37,8 @@ WORDS = "the cat sat on a mat dog ran far away hello world , .".split()
 def spark(tmp_path_factory):
     """One local[2] session for the module; its workers run this Python and this elmokit. It
     starts in a folder of its own: Spark resolves relative paths against the folder it started in."""
-    paths = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+    given = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # absolute: the session starts elsewhere
+    paths = os.pathsep.join([str(SRC), *(os.path.abspath(p) for p in given if p)])
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PYSPARK_PYTHON", sys.executable)
         env.setenv("PYTHONPATH", paths)

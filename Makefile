@@ -93,16 +93,22 @@ test-hub-versions: install
 	    tests/test_hub.py tests/test_compat_specs.py -k hf; \
 	done
 
-# The dataflow engines, which the lock leaves out (ray is large): ray[data] at its tested version
-# in .venv-engines on top of .venv (as test-hub-versions does), and the tests of Ray Data (tests/test_ray.py: a
-# two-node cluster on 127.0.0.1 and one ray.init of 2 CPUs, about two minutes), the Parquet tests
-# and the pages that show them (docs/ray.md, docs/embedding.md).
+# The dataflow engines, which the lock leaves out (ray is large): ray[data] and pyspark[sql] at their
+# tested versions in .venv-engines on top of .venv (as test-hub-versions does), and the tests of Ray
+# Data (tests/test_ray.py: a two-node cluster on 127.0.0.1 and one ray.init of 2 CPUs, about two
+# minutes), of Spark (tests/test_spark.py: local[2], about a minute; Spark runs on Java, a headless
+# JRE from Debian is installed when no `java` is on PATH), the Parquet tests and the pages that
+# show them (docs/ray.md, docs/spark.md, docs/embedding.md).
 RAY_VERSION := 2.60.0
+SPARK_VERSION := 4.3.0
 test-engines: install
 	rm -rf .venv-engines
-	$(BIN)/pip install --quiet --target .venv-engines "ray[data]==$(RAY_VERSION)" --constraint $(LOCK)
-	PATH=$(CURDIR)/.venv-engines/bin:$$PATH PYTHONPATH=.venv-engines $(BIN)/python -m pytest -q -n 0 -p no:cacheprovider \
-	  tests/test_ray.py tests/test_parquet.py tests/test_docs.py -k "ray or parquet or embedding.md"
+	@command -v java >/dev/null 2>&1 || { echo "Spark needs Java: installing a headless JRE (Debian)"; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless; }
+	$(BIN)/pip install --quiet --target .venv-engines "ray[data]==$(RAY_VERSION)" "pyspark[sql]==$(SPARK_VERSION)" \
+	  --constraint $(LOCK)
+	PATH=$(CURDIR)/.venv-engines/bin:$$PATH PYTHONPATH=$(CURDIR)/.venv-engines $(BIN)/python -m pytest -q -n 0 -p no:cacheprovider \
+	  tests/test_ray.py tests/test_spark.py tests/test_parquet.py tests/test_docs.py -k "ray or spark or parquet or embedding.md"
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks scripts

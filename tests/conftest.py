@@ -32,6 +32,7 @@ SLOW_MODULES = frozenset(
         "test_flair",
         "test_shards_processes",
         "test_ray",
+        "test_spark",
     }
 )
 

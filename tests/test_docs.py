@@ -12,7 +12,8 @@
   follows the line ``<!-- no-run: why -->`` and is only syntax-checked: ``compile()`` for
   Python, ``bash -n`` for shell.
 - A block that needs an optional package that is not installed (flair, pandas, DuckDB, polars,
-  pyarrow, ray; a shell block with ``--engine ray`` needs ray) is syntax-checked only.
+  pyarrow, ray, pyspark; a shell block with ``--engine ray`` needs ray; pyspark needs ``java`` on
+  PATH) is syntax-checked only.
 
 The site's own checks are here too: a Markdown list needs a blank line before it, and the HTML
 check of docs/hooks/mkdocs_hooks.py refuses a raw ``<S>`` tag.
@@ -27,6 +28,7 @@ import argparse
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +43,8 @@ SHOWN = {"text", "json"}  # output shown to the reader, never run
 NO_RUN = re.compile(r"<!-- no-run: [^>]+ -->\s*$")
 BIN = str(Path(sys.executable).parent)
 # Optional packages a block may need: without them it is syntax-checked only.
-OPTIONAL = {"flair": "flair", "pandas": "pandas", "duckdb": "duckdb", "polars": "polars", "pyarrow": "pyarrow", "ray": "ray"}
+OPTIONAL = {"flair": "flair", "pandas": "pandas", "duckdb": "duckdb", "polars": "polars", "pyarrow": "pyarrow", "ray": "ray",
+            "pyspark": "pyspark"}
 
 
 def _no_run(example: Example) -> bool:
@@ -53,7 +56,9 @@ def _missing_optional(source: str) -> bool:
     return any(
         re.search(rf"\b(import|from) {name}\b", source) and importlib.util.find_spec(module) is None
         for name, module in OPTIONAL.items()
-    ) or ("--engine ray" in source and importlib.util.find_spec("ray") is None)
+    ) or ("--engine ray" in source and importlib.util.find_spec("ray") is None) or (
+        re.search(r"\b(import|from) pyspark\b", source) is not None and shutil.which("java") is None
+    )
 
 
 def _where(example: Example) -> str:

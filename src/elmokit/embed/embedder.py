@@ -500,7 +500,7 @@ class Embedder:
         arguments["plan"] = shards.prepare(self, **arguments)
         if not shared:
             return EmbedSummary(**json.loads(shards.work(self, None, **arguments)))
-        make = functools.partial(_embedder_like, self.bilm, self._settings)
+        make = functools.partial(_embedder_like, self.bilm, self._settings, self.model_name)
         what = ("embed", os.fspath(arguments["output_path"]))
         return EmbedSummary(**engine.run(shards.work, processes, make, _device(self.bilm), arguments, what))
 

@@ -404,6 +404,7 @@ def test_a_failed_export_leaves_no_empty_folder(tmp_path, capsys):
 
 
 def test_a_full_disk_during_a_task_leaves_no_prediction_files(tmp_path):
+    pytest.importorskip("seqeval")  # NER's scorer (the tasks extra)
     data = {s: _ner_file(tmp_path / f"{s}.txt") for s in ("train", "dev", "test")}
     args = ["task", "ner", "--no-elmo", "--epochs", "1", "--hidden", "4", "--quiet", "--out", "run"]
     args += [f"--{s}={path}" for s, path in data.items()]

@@ -118,6 +118,16 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit demo`'s parser."""
+    p = sub.add_parser("demo", help="embed example sentences and show what the layers do")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--options", help="options.json (with --weights, instead of --model)")
+    p.add_argument("--weights", help="weights HDF5 in the original layout")
+    p.add_argument("-k", type=_ranged(int, low=1), default=3, help="neighbours shown per layer")
+    p.set_defaults(func=demo)
+
+
 def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int = 6) -> None:
     """What the language model predicts in place of the demo word in each query, from both
     contexts (``elmokit substitutes``); models without a softmax are said to have none."""
@@ -198,6 +208,19 @@ def vocab(args: argparse.Namespace) -> int:
         f"{built.coverage(counts):.2%} of the corpus tokens"
     )
     return 0
+
+
+def _add_vocab_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit vocab`'s parser."""
+    p = sub.add_parser("vocab", help="build a frequency-sorted vocabulary from corpus files")
+    p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
+    p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument(
+        "--min-count", type=_ranged(int, low=1), default=1, help="leave out tokens seen fewer times"
+    )
+    p.add_argument("--max-size", type=_ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
+    p.set_defaults(func=vocab)
 
 
 def _add_train_options(p: argparse.ArgumentParser) -> None:
@@ -342,6 +365,20 @@ def evaluate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit evaluate`'s parser."""
+    p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
+    p.add_argument("model_dir", help="training save dir, or a model with its softmax in any form of --model")
+    p.add_argument("--heldout", required=True, help="glob of held-out files")
+    p.add_argument("--batch-size", type=_ranged(int, low=1), default=256, help="parallel streams")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    _add_checkpoint_choice(p)
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument("--overwrite", action="store_true", help="replace the --json file if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=evaluate_command)
+
+
 def _model_files(model_dir: str) -> list[Path]:
     """The files of a model folder or training save dir that a command reads (weights,
     checkpoints, vocabulary, options and run configuration; not the files a run writes, such
@@ -394,6 +431,16 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit export`'s parser."""
+    p = sub.add_parser("export", help="write a trained model in the original layout")
+    p.add_argument("model_dir", help="a training save dir")
+    p.add_argument("out_dir", help="folder to write options.json, weights.hdf5, vocab.txt, softmax.hdf5 into")
+    p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
+    _add_checkpoint_choice(p)
+    p.set_defaults(func=export_command)
+
+
 def convert_command(args: argparse.Namespace) -> int:
     """Write a TF-Hub module folder once in bilm-tf's layout (options.json + weights.hdf5)."""
     from ..base.atomic import check_outputs_in
@@ -432,6 +479,18 @@ def convert_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_convert_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit convert`'s parser."""
+    p = sub.add_parser(
+        "convert",
+        help="write a TF-Hub module folder in bilm-tf's layout (options.json + weights.hdf5)",
+    )
+    p.add_argument("module", help="a TF-Hub ELMo module folder (saved_model.pb + variables/)")
+    p.add_argument("out_dir", help="folder to write options.json and weights.hdf5 into")
+    p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
+    p.set_defaults(func=convert_command)
+
+
 def export_onnx_command(args: argparse.Namespace) -> int:
     """Write a model as one ONNX graph (elmokit.embed.onnx_export): dynamic batch and length, state in
     and out, the start state inside."""
@@ -445,6 +504,16 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     data = export_onnx(BiLM.from_pretrained(args.model), args.output, args.overwrite, int8=args.int8)
     print(f"wrote {args.output} ({len(data):,} bytes)", file=sys.stderr)
     return 0
+
+
+def _add_export_onnx_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit export-onnx`'s parser."""
+    p = sub.add_parser("export-onnx", help="write a model as one ONNX graph (dynamic shapes, LSTM state)")
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("output", help="the .onnx file to write")
+    p.add_argument("--int8", action="store_true", help="int8 matmuls (approximate; docs/export.md)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.set_defaults(func=export_onnx_command)
 
 
 def _embedder(args: argparse.Namespace):
@@ -524,6 +593,127 @@ def embed_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _add_embed_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit embed`'s parser."""
+    p = sub.add_parser(
+        "embed",
+        help="embed a file of sentences into HDF5 or Parquet",
+        description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
+        "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
+        "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
+        "keeps only its last line number there, as in AllenNLP (-v says how many repeat). With "
+        "--fasta FILE (and no INPUT), the proteins of a FASTA file into the files of bio_embeddings' "
+        "embed stage (SeqVec). An OUTPUT named .parquet (or --format parquet) is a Parquet file instead: "
+        "one row per line with its index, its tokens and one column of vectors per layer "
+        "(docs/embedding.md).",
+    )
+    p.add_argument("input", nargs="?", help="one whitespace-tokenized sentence per line; - for stdin")
+    p.add_argument(
+        "output",
+        help="HDF5 or Parquet file to write (the format from its suffix); with --shard-sentences a folder",
+    )
+    p.add_argument(
+        "--format",
+        choices=["hdf5", "parquet"],
+        default=None,
+        help="the output's format (default: parquet for a .parquet or .pq OUTPUT, else hdf5; "
+        "parquet needs elmokit[parquet])",
+    )
+    _model_arguments(p)
+    p.set_defaults(mode=None)  # warm for sentences, stateful for --fasta
+    _add_fasta_arguments(p)
+    p.add_argument(
+        "--layers",
+        choices=["all", "top", "average"],
+        default="all",
+        help="all: every layer, (3, n_tokens, dim) per line; top: the top biLSTM layer; average: "
+        "the mean of the layers ((n_tokens, dim) per line)",
+    )
+    p.add_argument(
+        "--pooling",
+        choices=["mean", "max"],
+        default=None,
+        help="one vector per line: the mean or max over its tokens (dataset 'embedding', row i = line i)",
+    )
+    p.add_argument(
+        "--max-tokens-per-batch",
+        type=_ranged(int, low=1),
+        default=None,
+        help="also cap each batch at this many tokens, so long lines make smaller batches (default: "
+        "no cap, --batch-size lines)",
+    )
+    p.add_argument(
+        "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
+    )
+    p.add_argument(
+        "--no-sentence-index", action="store_true", help="do not write the sentence_to_index dataset"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime"],
+        default="torch",
+        help="onnxruntime: run an ONNX export of the model on the CPU (needs elmokit[onnx])",
+    )
+    p.add_argument("--onnx", help="with --backend onnxruntime: the model's file from export-onnx")
+    p.add_argument(
+        "--shard-sentences",
+        type=_ranged(int, low=1),
+        default=None,
+        metavar="N",
+        help="a resumable run: OUTPUT is a folder of part files of N lines each plus manifest.json; "
+        "the same command after a crash skips the finished parts (docs/embedding.md)",
+    )
+    _nproc_argument(p)
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: Ray Data's actors embed the lines, one model each, and this process writes the "
+        "Parquet OUTPUT (needs elmokit[ray]; docs/ray.md)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --engine ray: a running Ray cluster's address (default: a local one)",
+    )
+    p.add_argument(
+        "--workers", type=_ranged(int, low=1), default=None, help="with --engine ray: the actors (default: 2)"
+    )
+    p.set_defaults(func=embed_command)
+
+
+def _add_fasta_arguments(p: argparse.ArgumentParser) -> None:
+    """`elmokit embed --fasta`'s arguments: proteins into bio_embeddings' files."""
+    fasta = p.add_argument_group("proteins (--fasta)")
+    fasta.add_argument(
+        "--fasta",
+        metavar="FILE",
+        help="embed the proteins of FILE (FASTA; - for stdin), one residue a token, as bio_embeddings' "
+        "embed stage does with SeqVec: one dataset (3, L, dim) per protein in OUTPUT, named by the MD5 "
+        "of its sequence, its FASTA id in attrs['original_id']; in mode stateful (bio_embeddings' "
+        "numbers) unless --mode says otherwise",
+    )
+    fasta.add_argument(
+        "--reduced-output",
+        metavar="FILE",
+        help="with --fasta: also write one vector (dim,) per protein, the sum over the layers averaged "
+        "over the residues (bio_embeddings' reduced_embeddings_file)",
+    )
+    fasta.add_argument(
+        "--max-amino-acids",
+        type=_ranged(int, low=1),
+        default=15000,
+        help="with --fasta: the residues of one batch stay below this (bio_embeddings' max_amino_acids; "
+        "in stateful mode it decides which states each protein starts from; default 15000)",
+    )
+    fasta.add_argument(
+        "--simple-remapping",
+        action="store_true",
+        help="with --fasta: name the datasets 0, 1, ... (longest protein first) instead of by MD5",
+    )
 
 
 def _embed_on_ray(args: argparse.Namespace) -> int:
@@ -634,6 +824,16 @@ def tokens_command(args: argparse.Namespace) -> int:
     if this_process().is_main:
         print(f"{n:,} token vectors -> {args.output} (dataset 'embedding')", file=sys.stderr)
     return 0
+
+
+def _add_tokens_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit tokens`'s parser."""
+    p = sub.add_parser("tokens", help="context-independent token vectors of a vocabulary file")
+    p.add_argument("vocab", help="one token per line")
+    p.add_argument("output", help="HDF5 file to write (dataset 'embedding')")
+    _model_arguments(p)
+    _nproc_argument(p)
+    p.set_defaults(func=tokens_command)
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -749,6 +949,30 @@ def start_state_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_start_state_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit start-state`'s parser."""
+    p = sub.add_parser("start-state", help="estimate a model's start state for warm mode")
+    p.add_argument("model_dir", help=MODEL_HELP)
+    p.add_argument("--text", required=True, help="glob of running text (not the test set)")
+    p.add_argument(
+        "--sentences", type=_ranged(int, low=1), default=20000, help="at most this many sentences of --text"
+    )
+    p.add_argument("--rows", type=_ranged(int, low=1), default=32, help="parallel streams")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out", metavar="DIR", help="write a copy of the model, with this start state, to the new folder DIR"
+    )
+    where.add_argument(
+        "--write",
+        action="store_true",
+        help="store it in MODEL_DIR's weights.hdf5 (a folder of your own; never the installed package)",
+    )
+    p.add_argument("--heldout", help="glob of held-out text: compare perplexity of the modes")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=start_state_command)
+
+
 def score_command(args: argparse.Namespace) -> int:
     """Log-probability and perplexity of every sentence of a file, as JSON lines or TSV."""
     from ..lm.language_model import LanguageModel
@@ -790,6 +1014,40 @@ def score_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _add_score_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit score`'s parser."""
+    p = sub.add_parser(
+        "score",
+        help="log-probability and perplexity of each sentence (full softmax)",
+        description="Score each sentence on its own: the forward LM predicts its tokens and </S> "
+        "from <S>, the backward LM its tokens and <S> from </S> (full softmax, natural logs; "
+        "tokens outside the vocabulary count as <UNK>). One output line per non-empty input line, "
+        "with its line number; empty lines are skipped.",
+    )
+    p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="file to write (atomically); a named pipe or /dev/stdout is written into; default: stdout",
+    )
+    p.add_argument(
+        "--format", choices=["jsonl", "tsv"], default="jsonl", help="JSON lines (default: jsonl) or TSV"
+    )
+    p.add_argument(
+        "--per-token", action="store_true", help="JSON lines: also each prediction's log-probability"
+    )
+    _scoring_model_arguments(p)
+    p.add_argument(
+        "--batch-size", type=_ranged(int, low=1), default=64, help="sentences scored together"
+    )
+    p.add_argument(
+        "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=score_command)
 
 
 def _substitutes_table(result: Any) -> str:
@@ -838,6 +1096,27 @@ def substitutes_command(args: argparse.Namespace) -> int:
     result = substitutes(model, tokens, args.word, k=args.k, mode=args.mode)
     print(json.dumps(result.to_dict(), ensure_ascii=False) if args.json else _substitutes_table(result))
     return 0
+
+
+def _add_substitutes_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit substitutes`'s parser."""
+    p = sub.add_parser(
+        "substitutes",
+        help="the words the model predicts at a position, from the left, the right and both",
+        description="The k most probable words at one position of a tokenized sentence: from the "
+        "left context (forward LM), the right context (backward LM) and both (the product of the "
+        "two distributions, renormalised). <S>, </S> and <UNK> are left out of the lists.",
+    )
+    p.add_argument(
+        "sentence", nargs="+", help="a whitespace-tokenized sentence (quoted, or one word per argument)"
+    )
+    p.add_argument(
+        "--word", type=int, required=True, help="index of the token to predict, 0-based (the first is 0)"
+    )
+    p.add_argument("-k", type=_ranged(int, low=1), default=10, help="words listed per column (default 10)")
+    _scoring_model_arguments(p)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.set_defaults(func=substitutes_command)
 
 
 def _checkpoint_choice(value: str) -> str:
@@ -896,6 +1175,20 @@ def models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_models_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit models`'s parser."""
+    p = sub.add_parser(
+        "models",
+        help="list the models elmokit ships and can download (name, language, size, source, cached)",
+        description="The shipped models and the public models elmokit downloads by name (AllenNLP, "
+        "NLPL repository, SeqVec, ELMoForManyLangs), with their URLs and whether they are in the "
+        "cache ($ELMOKIT_CACHE, else the user cache folder). Any --model also takes a folder, a "
+        ".zip archive, a URL or hf://owner/name[@revision].",
+    )
+    p.add_argument("--json", action="store_true", help="everything known of each model, as JSON")
+    p.set_defaults(func=models_command)
+
+
 def download_command(args: argparse.Namespace) -> int:
     """Download a known model or a URL into the cache, verified; say where it went."""
     from ..hub import download_model
@@ -910,6 +1203,23 @@ def download_command(args: argparse.Namespace) -> int:
     for line in lines:
         print(line)
     return 0
+
+
+def _add_download_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit download`'s parser."""
+    p = sub.add_parser(
+        "download",
+        help="download a known model, a URL or an hf:// repository into the cache (verified) and print "
+        "where it went",
+    )
+    p.add_argument(
+        "model",
+        metavar="NAME|URL|hf://owner/name[@revision]",
+        help="a name from `elmokit models`, a URL, or a Hugging Face Hub repository",
+    )
+    p.add_argument("--force", action="store_true", help="download again even if it is cached")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=download_command)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -962,6 +1272,123 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit serve`'s parser."""
+    p = sub.add_parser(
+        "serve",
+        help="serve models over HTTP: OpenAI-compatible /v1/embeddings, /embed, /score, /substitutes",
+        description="Serve models over HTTP, batching concurrent requests (warm mode: a sentence's "
+        "vectors do not depend on its batch). Endpoints: POST /v1/embeddings, /embed, /score, "
+        "/substitutes, /tokenize; GET /v1/models, /info, /health, /ready, /metrics, /openapi.json. "
+        "Requests can name only the models loaded here. SIGTERM stops accepting, answers the "
+        "requests in flight and exits 0.",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]SPEC",
+        help=f"a model to serve (repeat for several): {MODEL_HELP}; NAME= sets the name requests "
+        f"use (default: the model's name, or the folder's). Default {DEFAULT_MODEL}",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument("--port", type=_ranged(int, low=0), default=8000, help="default 8000; 0 picks a free port")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (better: "
+        "set ELMOKIT_API_KEY, which ps does not show)",
+    )
+    p.add_argument(
+        "--max-batch-tokens", type=_ranged(int, low=1), default=4096, help="tokens per batch (default 4096)"
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=_ranged(float, low=0),
+        default=5.0,
+        help="longest wait for a batch to fill (default 5)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=_ranged(int, low=1),
+        default=1024,
+        help="requests waiting per model (default 1024); past it 503",
+    )
+    _add_serve_limit_arguments(p)
+    p.add_argument("--threads", type=_ranged(int, low=1), default=None, help="torch threads per process")
+    p.add_argument(
+        "--workers", type=_ranged(int, low=1), default=1, help="processes, each with its own models"
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=_ranged(float, low=0),
+        default=30.0,
+        help="on SIGTERM, wait this long for requests in flight",
+    )
+    p.set_defaults(func=serve_command)
+
+
+def _add_serve_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """`elmokit serve`'s limits on what a request may ask and send."""
+    p.add_argument(
+        "--max-body-bytes",
+        type=_ranged(int, low=1),
+        default=1 << 20,
+        help="request body size in bytes (default: 1048576, 1 MiB); past it 413",
+    )
+    p.add_argument(
+        "--max-inputs", type=_ranged(int, low=1), default=256, help="sentences per request (default 256)"
+    )
+    p.add_argument(
+        "--max-input-tokens", type=_ranged(int, low=1), default=512, help="tokens per sentence (default 512)"
+    )
+    p.add_argument(
+        "--max-token-chars", type=_ranged(int, low=1), default=100, help="characters per token (default 100)"
+    )
+    p.add_argument(
+        "--max-request-tokens",
+        type=_ranged(int, low=1),
+        default=16384,
+        help="tokens per request (default 16384)",
+    )
+    p.add_argument(
+        "--max-response-values",
+        type=_ranged(int, low=1),
+        default=4_000_000,
+        help="/embed: numbers in one answer (tokens x layers x dim; default 4,000,000)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=_ranged(int, low=1),
+        default=32 * 1024,
+        help="a request's line and headers, in bytes (default 32768); past it 431",
+    )
+    p.add_argument(
+        "--max-headers",
+        type=_ranged(int, low=1),
+        default=100,
+        help="headers per request (default 100); past it 431",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=_ranged(float, low=0),
+        default=5.0,
+        help="seconds a request's headers may take to arrive (default 5); past it 408",
+    )
+    p.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut long inputs to the limits instead of a 413 (a request's 'truncate' overrides it)",
+    )
+    p.add_argument(
+        "--tokenize",
+        action="store_true",
+        help="tokenize text inputs as the training corpus was (default: split on spaces)",
+    )
+
+
 def probe_command(args: argparse.Namespace) -> int:
     """What each layer holds: a linear probe per layer (elmokit.probe), a table and a JSON file."""
     from ..base.atomic import check_output
@@ -1001,6 +1428,70 @@ def probe_command(args: argparse.Namespace) -> int:
 
         plot_probes([record], args.plot, overwrite=args.overwrite)
     return 0
+
+
+def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
+    """`elmokit probe`'s parser."""
+    p = sub.add_parser(
+        "probe",
+        help="what each layer holds: a linear classifier per layer on token labels (POS, chunks, NER)",
+        description="Train a linear classifier on each layer's frozen vectors (0, 1, 2, their average, "
+        "a learned scalar mix), one per seed, on the label column of a CoNLL or CoNLL-U file; print "
+        "accuracy (and span F1 for IOB labels) per layer with the spread over seeds (docs/probe.md).",
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--train", help="training sentences (labelled)")
+    p.add_argument("--dev", help="dev sentences: each probe keeps its epoch with the best dev score")
+    p.add_argument("--test", help="test sentences (labelled)")
+    p.add_argument("--format", choices=["conll", "conllu"], default="conll", help="default: conll")
+    p.add_argument(
+        "--column",
+        type=_ranged(int, low=0),
+        help="label column, 0 = word: CoNLL-2000 1 POS, 2 chunk; CoNLL-2003 3 NER; CoNLL-U 3 UPOS",
+    )
+    p.add_argument("--seeds", type=_ranged(int, low=1), default=3, help="probes per layer (default 3)")
+    p.add_argument("--layers", default="0,1,2,average,mix", help="default: 0,1,2,average,mix")
+    p.add_argument("--max-sentences", type=_ranged(int, low=1), help="the first N training sentences")
+    p.add_argument(
+        "--hidden",
+        type=_ranged(int, low=0),
+        default=0,
+        metavar="N",
+        help="0: a linear probe (default); N: an MLP with one hidden layer of N ReLU units",
+    )
+    p.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
+    p.add_argument("--plot", metavar="PNG", help="draw the scores per layer (needs matplotlib)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT or PNG if it exists")
+    p.set_defaults(func=probe_command)
+    probe_tasks = p.add_subparsers(dest="probe_task", required=False, metavar="wsd|plot")
+    plot = probe_tasks.add_parser(
+        "plot",
+        help="draw saved probe results (--json files), one panel each, into one PNG",
+        description="Draw the records written by `elmokit probe --json`: one panel per file, a bar "
+        "per layer (the mean test score) with a line from the lowest to the highest seed.",
+    )
+    plot.add_argument("records", nargs="+", metavar="JSON", help="files written by elmokit probe --json")
+    plot.add_argument("--out", required=True, metavar="PNG", help="the figure to write")
+    plot.add_argument("--titles", help="the panels' titles, comma-separated (default: data folder, column)")
+    plot.add_argument("--overwrite", action="store_true", help="replace PNG if it exists")
+    plot.set_defaults(func=probe_plot_command)
+    wsd = probe_tasks.add_parser(
+        "wsd",
+        help="word senses by 1-nearest-neighbour per layer (the unified WSD framework's XML + gold keys)",
+        description="A sense's vector is the mean of its training occurrences' vectors; a test word "
+        "takes the nearest (cosine) sense of its lemma seen in training; an unseen lemma takes "
+        "WordNet's first sense from --index-sense (docs/probe.md).",
+    )
+    wsd.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    wsd.add_argument("--train", required=True, help="NAME.data.xml with sense-tagged instances (SemCor)")
+    wsd.add_argument("--train-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
+    wsd.add_argument("--test", required=True, help="NAME.data.xml to disambiguate")
+    wsd.add_argument("--test-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
+    wsd.add_argument("--index-sense", help="WordNet 3.0's index.sense, for the first-sense fallback")
+    wsd.add_argument("--layers", default="0,1,2,average", help="default: 0,1,2,average")
+    wsd.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
+    wsd.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    wsd.set_defaults(func=probe_wsd_command)
 
 
 def probe_plot_command(args: argparse.Namespace) -> int:
@@ -1143,444 +1634,22 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="also show what the library logs (INFO lines)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="embed example sentences and show what the layers do")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--options", help="options.json (with --weights, instead of --model)")
-    p.add_argument("--weights", help="weights HDF5 in the original layout")
-    p.add_argument("-k", type=_ranged(int, low=1), default=3, help="neighbours shown per layer")
-    p.set_defaults(func=demo)
-
-    p = sub.add_parser(
-        "embed",
-        help="embed a file of sentences into HDF5 or Parquet",
-        description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
-        "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
-        "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
-        "keeps only its last line number there, as in AllenNLP (-v says how many repeat). With "
-        "--fasta FILE (and no INPUT), the proteins of a FASTA file into the files of bio_embeddings' "
-        "embed stage (SeqVec). An OUTPUT named .parquet (or --format parquet) is a Parquet file instead: "
-        "one row per line with its index, its tokens and one column of vectors per layer "
-        "(docs/embedding.md).",
-    )
-    p.add_argument("input", nargs="?", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument(
-        "output",
-        help="HDF5 or Parquet file to write (the format from its suffix); with --shard-sentences a folder",
-    )
-    p.add_argument(
-        "--format",
-        choices=["hdf5", "parquet"],
-        default=None,
-        help="the output's format (default: parquet for a .parquet or .pq OUTPUT, else hdf5; "
-        "parquet needs elmokit[parquet])",
-    )
-    _model_arguments(p)
-    p.set_defaults(mode=None)  # warm for sentences, stateful for --fasta
-    fasta = p.add_argument_group("proteins (--fasta)")
-    fasta.add_argument(
-        "--fasta",
-        metavar="FILE",
-        help="embed the proteins of FILE (FASTA; - for stdin), one residue a token, as bio_embeddings' "
-        "embed stage does with SeqVec: one dataset (3, L, dim) per protein in OUTPUT, named by the MD5 "
-        "of its sequence, its FASTA id in attrs['original_id']; in mode stateful (bio_embeddings' "
-        "numbers) unless --mode says otherwise",
-    )
-    fasta.add_argument(
-        "--reduced-output",
-        metavar="FILE",
-        help="with --fasta: also write one vector (dim,) per protein, the sum over the layers averaged "
-        "over the residues (bio_embeddings' reduced_embeddings_file)",
-    )
-    fasta.add_argument(
-        "--max-amino-acids",
-        type=_ranged(int, low=1),
-        default=15000,
-        help="with --fasta: the residues of one batch stay below this (bio_embeddings' max_amino_acids; "
-        "in stateful mode it decides which states each protein starts from; default 15000)",
-    )
-    fasta.add_argument(
-        "--simple-remapping",
-        action="store_true",
-        help="with --fasta: name the datasets 0, 1, ... (longest protein first) instead of by MD5",
-    )
-    p.add_argument(
-        "--layers",
-        choices=["all", "top", "average"],
-        default="all",
-        help="all: every layer, (3, n_tokens, dim) per line; top: the top biLSTM layer; average: "
-        "the mean of the layers ((n_tokens, dim) per line)",
-    )
-    p.add_argument(
-        "--pooling",
-        choices=["mean", "max"],
-        default=None,
-        help="one vector per line: the mean or max over its tokens (dataset 'embedding', row i = line i)",
-    )
-    p.add_argument(
-        "--max-tokens-per-batch",
-        type=_ranged(int, low=1),
-        default=None,
-        help="also cap each batch at this many tokens, so long lines make smaller batches (default: "
-        "no cap, --batch-size lines)",
-    )
-    p.add_argument(
-        "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
-    )
-    p.add_argument(
-        "--no-sentence-index", action="store_true", help="do not write the sentence_to_index dataset"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    p.add_argument(
-        "--backend",
-        choices=["torch", "onnxruntime"],
-        default="torch",
-        help="onnxruntime: run an ONNX export of the model on the CPU (needs elmokit[onnx])",
-    )
-    p.add_argument("--onnx", help="with --backend onnxruntime: the model's file from export-onnx")
-    p.add_argument(
-        "--shard-sentences",
-        type=_ranged(int, low=1),
-        default=None,
-        metavar="N",
-        help="a resumable run: OUTPUT is a folder of part files of N lines each plus manifest.json; "
-        "the same command after a crash skips the finished parts (docs/embedding.md)",
-    )
-    _nproc_argument(p)
-    p.add_argument(
-        "--engine",
-        choices=["local", "ray"],
-        default="local",
-        help="ray: Ray Data's actors embed the lines, one model each, and this process writes the "
-        "Parquet OUTPUT (needs elmokit[ray]; docs/ray.md)",
-    )
-    p.add_argument(
-        "--address",
-        default=None,
-        help="with --engine ray: a running Ray cluster's address (default: a local one)",
-    )
-    p.add_argument(
-        "--workers", type=_ranged(int, low=1), default=None, help="with --engine ray: the actors (default: 2)"
-    )
-    p.set_defaults(func=embed_command)
-
-    p = sub.add_parser("tokens", help="context-independent token vectors of a vocabulary file")
-    p.add_argument("vocab", help="one token per line")
-    p.add_argument("output", help="HDF5 file to write (dataset 'embedding')")
-    _model_arguments(p)
-    _nproc_argument(p)
-    p.set_defaults(func=tokens_command)
-
-    p = sub.add_parser("start-state", help="estimate a model's start state for warm mode")
-    p.add_argument("model_dir", help=MODEL_HELP)
-    p.add_argument("--text", required=True, help="glob of running text (not the test set)")
-    p.add_argument(
-        "--sentences", type=_ranged(int, low=1), default=20000, help="at most this many sentences of --text"
-    )
-    p.add_argument("--rows", type=_ranged(int, low=1), default=32, help="parallel streams")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument(
-        "--out", metavar="DIR", help="write a copy of the model, with this start state, to the new folder DIR"
-    )
-    where.add_argument(
-        "--write",
-        action="store_true",
-        help="store it in MODEL_DIR's weights.hdf5 (a folder of your own; never the installed package)",
-    )
-    p.add_argument("--heldout", help="glob of held-out text: compare perplexity of the modes")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=start_state_command)
-
-    p = sub.add_parser("vocab", help="build a frequency-sorted vocabulary from corpus files")
-    p.add_argument("corpus", nargs="+", help="corpus files or globs (one sentence per line)")
-    p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    p.add_argument(
-        "--min-count", type=_ranged(int, low=1), default=1, help="leave out tokens seen fewer times"
-    )
-    p.add_argument("--max-size", type=_ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
-    p.set_defaults(func=vocab)
-
+    _add_demo_parser(sub)
+    _add_embed_parser(sub)
+    _add_tokens_parser(sub)
+    _add_start_state_parser(sub)
+    _add_vocab_parser(sub)
     _deferred_command(sub, "train", _train_arguments, help="train a biLM with the original recipe")
-
-    p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
-    p.add_argument("model_dir", help="training save dir, or a model with its softmax in any form of --model")
-    p.add_argument("--heldout", required=True, help="glob of held-out files")
-    p.add_argument("--batch-size", type=_ranged(int, low=1), default=256, help="parallel streams")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    _add_checkpoint_choice(p)
-    p.add_argument("--json", help="also write the figures to this JSON file")
-    p.add_argument("--overwrite", action="store_true", help="replace the --json file if it exists")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=evaluate_command)
-
-    p = sub.add_parser("export", help="write a trained model in the original layout")
-    p.add_argument("model_dir", help="a training save dir")
-    p.add_argument("out_dir", help="folder to write options.json, weights.hdf5, vocab.txt, softmax.hdf5 into")
-    p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
-    _add_checkpoint_choice(p)
-    p.set_defaults(func=export_command)
-
-    p = sub.add_parser(
-        "convert",
-        help="write a TF-Hub module folder in bilm-tf's layout (options.json + weights.hdf5)",
-    )
-    p.add_argument("module", help="a TF-Hub ELMo module folder (saved_model.pb + variables/)")
-    p.add_argument("out_dir", help="folder to write options.json and weights.hdf5 into")
-    p.add_argument("--overwrite", action="store_true", help="replace the model files already in OUT_DIR")
-    p.set_defaults(func=convert_command)
-
-    p = sub.add_parser("export-onnx", help="write a model as one ONNX graph (dynamic shapes, LSTM state)")
-    p.add_argument("model", help=MODEL_HELP)
-    p.add_argument("output", help="the .onnx file to write")
-    p.add_argument("--int8", action="store_true", help="int8 matmuls (approximate; docs/export.md)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    p.set_defaults(func=export_onnx_command)
-
-    p = sub.add_parser(
-        "score",
-        help="log-probability and perplexity of each sentence (full softmax)",
-        description="Score each sentence on its own: the forward LM predicts its tokens and </S> "
-        "from <S>, the backward LM its tokens and <S> from </S> (full softmax, natural logs; "
-        "tokens outside the vocabulary count as <UNK>). One output line per non-empty input line, "
-        "with its line number; empty lines are skipped.",
-    )
-    p.add_argument("input", help="one whitespace-tokenized sentence per line; - for stdin")
-    p.add_argument(
-        "-o",
-        "--output",
-        help="file to write (atomically); a named pipe or /dev/stdout is written into; default: stdout",
-    )
-    p.add_argument(
-        "--format", choices=["jsonl", "tsv"], default="jsonl", help="JSON lines (default: jsonl) or TSV"
-    )
-    p.add_argument(
-        "--per-token", action="store_true", help="JSON lines: also each prediction's log-probability"
-    )
-    _scoring_model_arguments(p)
-    p.add_argument(
-        "--batch-size", type=_ranged(int, low=1), default=64, help="sentences scored together"
-    )
-    p.add_argument(
-        "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    p.set_defaults(func=score_command)
-
-    p = sub.add_parser(
-        "substitutes",
-        help="the words the model predicts at a position, from the left, the right and both",
-        description="The k most probable words at one position of a tokenized sentence: from the "
-        "left context (forward LM), the right context (backward LM) and both (the product of the "
-        "two distributions, renormalised). <S>, </S> and <UNK> are left out of the lists.",
-    )
-    p.add_argument(
-        "sentence", nargs="+", help="a whitespace-tokenized sentence (quoted, or one word per argument)"
-    )
-    p.add_argument(
-        "--word", type=int, required=True, help="index of the token to predict, 0-based (the first is 0)"
-    )
-    p.add_argument("-k", type=_ranged(int, low=1), default=10, help="words listed per column (default 10)")
-    _scoring_model_arguments(p)
-    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    p.set_defaults(func=substitutes_command)
-
-    p = sub.add_parser(
-        "models",
-        help="list the models elmokit ships and can download (name, language, size, source, cached)",
-        description="The shipped models and the public models elmokit downloads by name (AllenNLP, "
-        "NLPL repository, SeqVec, ELMoForManyLangs), with their URLs and whether they are in the "
-        "cache ($ELMOKIT_CACHE, else the user cache folder). Any --model also takes a folder, a "
-        ".zip archive, a URL or hf://owner/name[@revision].",
-    )
-    p.add_argument("--json", action="store_true", help="everything known of each model, as JSON")
-    p.set_defaults(func=models_command)
-
-    p = sub.add_parser(
-        "download",
-        help="download a known model, a URL or an hf:// repository into the cache (verified) and print "
-        "where it went",
-    )
-    p.add_argument(
-        "model",
-        metavar="NAME|URL|hf://owner/name[@revision]",
-        help="a name from `elmokit models`, a URL, or a Hugging Face Hub repository",
-    )
-    p.add_argument("--force", action="store_true", help="download again even if it is cached")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=download_command)
-
-    p = sub.add_parser(
-        "probe",
-        help="what each layer holds: a linear classifier per layer on token labels (POS, chunks, NER)",
-        description="Train a linear classifier on each layer's frozen vectors (0, 1, 2, their average, "
-        "a learned scalar mix), one per seed, on the label column of a CoNLL or CoNLL-U file; print "
-        "accuracy (and span F1 for IOB labels) per layer with the spread over seeds (docs/probe.md).",
-    )
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--train", help="training sentences (labelled)")
-    p.add_argument("--dev", help="dev sentences: each probe keeps its epoch with the best dev score")
-    p.add_argument("--test", help="test sentences (labelled)")
-    p.add_argument("--format", choices=["conll", "conllu"], default="conll", help="default: conll")
-    p.add_argument(
-        "--column",
-        type=_ranged(int, low=0),
-        help="label column, 0 = word: CoNLL-2000 1 POS, 2 chunk; CoNLL-2003 3 NER; CoNLL-U 3 UPOS",
-    )
-    p.add_argument("--seeds", type=_ranged(int, low=1), default=3, help="probes per layer (default 3)")
-    p.add_argument("--layers", default="0,1,2,average,mix", help="default: 0,1,2,average,mix")
-    p.add_argument("--max-sentences", type=_ranged(int, low=1), help="the first N training sentences")
-    p.add_argument(
-        "--hidden",
-        type=_ranged(int, low=0),
-        default=0,
-        metavar="N",
-        help="0: a linear probe (default); N: an MLP with one hidden layer of N ReLU units",
-    )
-    p.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
-    p.add_argument("--plot", metavar="PNG", help="draw the scores per layer (needs matplotlib)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT or PNG if it exists")
-    p.set_defaults(func=probe_command)
-    probe_tasks = p.add_subparsers(dest="probe_task", required=False, metavar="wsd|plot")
-    plot = probe_tasks.add_parser(
-        "plot",
-        help="draw saved probe results (--json files), one panel each, into one PNG",
-        description="Draw the records written by `elmokit probe --json`: one panel per file, a bar "
-        "per layer (the mean test score) with a line from the lowest to the highest seed.",
-    )
-    plot.add_argument("records", nargs="+", metavar="JSON", help="files written by elmokit probe --json")
-    plot.add_argument("--out", required=True, metavar="PNG", help="the figure to write")
-    plot.add_argument("--titles", help="the panels' titles, comma-separated (default: data folder, column)")
-    plot.add_argument("--overwrite", action="store_true", help="replace PNG if it exists")
-    plot.set_defaults(func=probe_plot_command)
-    wsd = probe_tasks.add_parser(
-        "wsd",
-        help="word senses by 1-nearest-neighbour per layer (the unified WSD framework's XML + gold keys)",
-        description="A sense's vector is the mean of its training occurrences' vectors; a test word "
-        "takes the nearest (cosine) sense of its lemma seen in training; an unseen lemma takes "
-        "WordNet's first sense from --index-sense (docs/probe.md).",
-    )
-    wsd.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    wsd.add_argument("--train", required=True, help="NAME.data.xml with sense-tagged instances (SemCor)")
-    wsd.add_argument("--train-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
-    wsd.add_argument("--test", required=True, help="NAME.data.xml to disambiguate")
-    wsd.add_argument("--test-key", help="its gold keys (default: NAME.gold.key.txt beside it)")
-    wsd.add_argument("--index-sense", help="WordNet 3.0's index.sense, for the first-sense fallback")
-    wsd.add_argument("--layers", default="0,1,2,average", help="default: 0,1,2,average")
-    wsd.add_argument("--json", metavar="OUT", help="write the scores, model, files and command as JSON")
-    wsd.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    wsd.set_defaults(func=probe_wsd_command)
-
-    p = sub.add_parser(
-        "serve",
-        help="serve models over HTTP: OpenAI-compatible /v1/embeddings, /embed, /score, /substitutes",
-        description="Serve models over HTTP, batching concurrent requests (warm mode: a sentence's "
-        "vectors do not depend on its batch). Endpoints: POST /v1/embeddings, /embed, /score, "
-        "/substitutes, /tokenize; GET /v1/models, /info, /health, /ready, /metrics, /openapi.json. "
-        "Requests can name only the models loaded here. SIGTERM stops accepting, answers the "
-        "requests in flight and exits 0.",
-    )
-    p.add_argument(
-        "--model",
-        action="append",
-        metavar="[NAME=]SPEC",
-        help=f"a model to serve (repeat for several): {MODEL_HELP}; NAME= sets the name requests "
-        f"use (default: the model's name, or the folder's). Default {DEFAULT_MODEL}",
-    )
-    p.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
-    )
-    p.add_argument("--port", type=_ranged(int, low=0), default=8000, help="default 8000; 0 picks a free port")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health (better: "
-        "set ELMOKIT_API_KEY, which ps does not show)",
-    )
-    p.add_argument(
-        "--max-batch-tokens", type=_ranged(int, low=1), default=4096, help="tokens per batch (default 4096)"
-    )
-    p.add_argument(
-        "--max-wait-ms",
-        type=_ranged(float, low=0),
-        default=5.0,
-        help="longest wait for a batch to fill (default 5)",
-    )
-    p.add_argument(
-        "--max-queue",
-        type=_ranged(int, low=1),
-        default=1024,
-        help="requests waiting per model (default 1024); past it 503",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=_ranged(int, low=1),
-        default=1 << 20,
-        help="request body size in bytes (default: 1048576, 1 MiB); past it 413",
-    )
-    p.add_argument(
-        "--max-inputs", type=_ranged(int, low=1), default=256, help="sentences per request (default 256)"
-    )
-    p.add_argument(
-        "--max-input-tokens", type=_ranged(int, low=1), default=512, help="tokens per sentence (default 512)"
-    )
-    p.add_argument(
-        "--max-token-chars", type=_ranged(int, low=1), default=100, help="characters per token (default 100)"
-    )
-    p.add_argument(
-        "--max-request-tokens",
-        type=_ranged(int, low=1),
-        default=16384,
-        help="tokens per request (default 16384)",
-    )
-    p.add_argument(
-        "--max-response-values",
-        type=_ranged(int, low=1),
-        default=4_000_000,
-        help="/embed: numbers in one answer (tokens x layers x dim; default 4,000,000)",
-    )
-    p.add_argument(
-        "--max-header-bytes",
-        type=_ranged(int, low=1),
-        default=32 * 1024,
-        help="a request's line and headers, in bytes (default 32768); past it 431",
-    )
-    p.add_argument(
-        "--max-headers",
-        type=_ranged(int, low=1),
-        default=100,
-        help="headers per request (default 100); past it 431",
-    )
-    p.add_argument(
-        "--header-timeout",
-        type=_ranged(float, low=0),
-        default=5.0,
-        help="seconds a request's headers may take to arrive (default 5); past it 408",
-    )
-    p.add_argument(
-        "--truncate",
-        action="store_true",
-        help="cut long inputs to the limits instead of a 413 (a request's 'truncate' overrides it)",
-    )
-    p.add_argument(
-        "--tokenize",
-        action="store_true",
-        help="tokenize text inputs as the training corpus was (default: split on spaces)",
-    )
-    p.add_argument("--threads", type=_ranged(int, low=1), default=None, help="torch threads per process")
-    p.add_argument(
-        "--workers", type=_ranged(int, low=1), default=1, help="processes, each with its own models"
-    )
-    p.add_argument(
-        "--drain-seconds",
-        type=_ranged(float, low=0),
-        default=30.0,
-        help="on SIGTERM, wait this long for requests in flight",
-    )
-    p.set_defaults(func=serve_command)
-
+    _add_evaluate_parser(sub)
+    _add_export_parser(sub)
+    _add_convert_parser(sub)
+    _add_export_onnx_parser(sub)
+    _add_score_parser(sub)
+    _add_substitutes_parser(sub)
+    _add_models_parser(sub)
+    _add_download_parser(sub)
+    _add_probe_parser(sub)
+    _add_serve_parser(sub)
     _deferred_command(  # elmokit task ner|pos|sentiment ...
         sub,
         "task",

@@ -21,7 +21,7 @@ from elmokit.embed.embedder import Embedder
 from elmokit.lm.start_state import estimate_start_state
 from elmokit.model.lstm import LstmState
 
-from .conftest import TINY
+from .conftest import HDF5_BYTES_REPEAT, TINY
 
 
 @pytest.fixture(scope="module")
@@ -527,7 +527,8 @@ def test_the_hdf5_free_list_switch_turns_the_tuning_off(bilm, tmp_path, monkeypa
         embedder.embed_file(source, tmp_path / "off.hdf5", progress=False)
         assert _hdf5_tuning.apply() is False
     assert calls == [1]
-    assert (tmp_path / "on.hdf5").read_bytes() == (tmp_path / "off.hdf5").read_bytes()
+    if HDF5_BYTES_REPEAT:  # else the root group's time stamps may differ
+        assert (tmp_path / "on.hdf5").read_bytes() == (tmp_path / "off.hdf5").read_bytes()
 
 
 def test_embedder_vectors_are_the_models_own_bit_for_bit(bilm, sentences, monkeypatch):

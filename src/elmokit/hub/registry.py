@@ -239,7 +239,7 @@ NLPL = (
     _nlpl(
         199,
         "ru",
-        "RusVectores taiga_lemmas_elmo_2048_2019 (Taiga corpus, lemmas)",
+        "Russian ELMo on the Taiga corpus, lemmatized (NLPL ID 199)",
         _RUSVECTORES,
         lemmatized=True,
     ),

@@ -25,8 +25,8 @@ $(BIN)/python:
 # project is then installed at the locked versions, with the locked setuptools as its build backend.
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(LOCK)
 	@echo "Setting up $(VENV), about two minutes, at the versions in $(LOCK):"
-	@echo "  1/3 pip and setuptools"
-	@$(BIN)/pip install --quiet --upgrade pip setuptools --constraint $(LOCK)
+	@echo "  1/3 pip, setuptools and setuptools-scm (packages built from source, as seqeval is, need it)"
+	@$(BIN)/pip install --quiet --upgrade pip setuptools setuptools-scm --constraint $(LOCK)
 	@echo "  2/3 torch $(TORCH_VERSION) (the CPU build)"
 	@$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
 	@echo "  3/3 elmokit[$(EXTRAS)] and what it needs (about 140 packages)"
@@ -50,7 +50,7 @@ test-fast: install
 define newest_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
-	$(1)/bin/pip install --quiet --upgrade pip setuptools
+	$(1)/bin/pip install --quiet --upgrade pip setuptools setuptools-scm
 	$(1)/bin/pip install --quiet torch==$(TORCH_VERSION)
 	echo torch==$(TORCH_VERSION) > $(1)/torch.txt
 	$(1)/bin/pip install --quiet -e ".[$(EXTRAS)]" --constraint $(1)/torch.txt

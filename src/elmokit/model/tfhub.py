@@ -67,55 +67,96 @@ def read_tfhub(folder: str | Path, require_aggregation: bool = False) -> TfHubMo
     """Read a TF-Hub module folder; a one-line ``TfHubError`` names the first variable an ELMo
     module must have that it lacks (``require_aggregation``: also the layer mix)."""
     folder = Path(folder)
-    checkpoint = Checkpoint(folder / "variables" / "variables")
-    names = set(checkpoint.entries)
-    where = f"{folder}: not a TF-Hub ELMo module"
+    variables = _Variables(folder)
+    arrays: dict[str, np.ndarray] = {}
+    char_cnn = _read_char_cnn(variables, arrays)
+    lstm = _read_lstms(variables, arrays)
+    n_filters = sum(count for _, count in char_cnn["filters"])
+    if n_filters != lstm["projection_dim"]:
+        for part, what in (("W_proj", "the char CNN's projection"), ("b_proj", "its bias")):
+            arrays[f"CNN_proj/{part}"] = variables.need(f"{SCOPE}CNN_proj/{part}", what)
+    char_cnn |= {"max_characters_per_token": MAX_CHARACTERS, "activation": _activation(folder)}
+    options = {"lstm": lstm, "char_cnn": char_cnn}
+    parsed = BiLMOptions.from_dict(options, f"{folder} (options from the variables' shapes)")
+    weights: np.ndarray | None = None
+    scaling: float | None = None
+    if require_aggregation or all(name in variables.names for name in AGGREGATION):
+        weights, scaling = _read_aggregation(variables, parsed.num_layers)
+    return TfHubModel(folder, parsed, arrays, weights, scaling)
 
-    def need(name: str, what: str) -> np.ndarray:
-        if name not in names:
-            raise TfHubError(f"{where}: its checkpoint has no variable {name!r} ({what})")
-        value = checkpoint.read(name)
+
+class _Variables:
+    """A module folder's checkpoint, read variable by variable with the checks every variable gets."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.checkpoint = Checkpoint(folder / "variables" / "variables")
+        self.names = set(self.checkpoint.entries)
+        self.lacking = f"{folder}: not a TF-Hub ELMo module"  # a message's start: a variable missing
+
+    def need(self, name: str, what: str) -> np.ndarray:
+        """The variable ``name`` (``what`` it is, for the message when it is missing) as float32."""
+        if name not in self.names:
+            raise TfHubError(f"{self.lacking}: its checkpoint has no variable {name!r} ({what})")
+        value = self.checkpoint.read(name)
         if value.dtype.kind != "f":
-            raise TfHubError(f"{folder}: variable {name!r} holds {value.dtype} values, not floats")
+            raise TfHubError(f"{self.folder}: variable {name!r} holds {value.dtype} values, not floats")
         value = value.astype(np.float32)
         if not np.isfinite(value).all():
-            raise TfHubError(f"{folder}: variable {name!r} holds non-finite values")
+            raise TfHubError(f"{self.folder}: variable {name!r} holds non-finite values")
         return value
 
-    def shape(value: np.ndarray, name: str, rank: int) -> tuple[int, ...]:
+    def shape(self, value: np.ndarray, name: str, rank: int) -> tuple[int, ...]:
+        """The shape of the variable ``name``, which must be of ``rank`` dimensions."""
         if value.ndim != rank:
-            raise TfHubError(f"{folder}: variable {name!r} has shape {value.shape}, not of rank {rank}")
+            raise TfHubError(f"{self.folder}: variable {name!r} has shape {value.shape}, not of rank {rank}")
         return tuple(value.shape)
 
-    arrays: dict[str, np.ndarray] = {}
-    char_embed = need(SCOPE + "char_embed", "the character embedding")
-    n_characters, embed_dim = shape(char_embed, SCOPE + "char_embed", 2)
+
+def _read_char_cnn(variables: _Variables, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The char embedding, CNN filters and highway layers into ``arrays``; their options."""
+    names = variables.names
+    char_embed = variables.need(SCOPE + "char_embed", "the character embedding")
+    n_characters, embed_dim = variables.shape(char_embed, SCOPE + "char_embed", 2)
     arrays["char_embed"] = char_embed[1:]  # the graph's row 0 is the padding id's (zero)
     filters: list[list[int]] = []
     while f"{SCOPE}CNN/W_cnn_{len(filters)}" in names or not filters:
         k = len(filters)
         name = f"{SCOPE}CNN/W_cnn_{k}"
-        kernel = need(name, "the first char CNN filter")
-        one, width, depth, count = shape(kernel, name, 4)
+        kernel = variables.need(name, "the first char CNN filter")
+        one, width, depth, count = variables.shape(kernel, name, 4)
         if one != 1 or depth != embed_dim:
             raise TfHubError(
-                f"{folder}: variable {name!r} has shape {kernel.shape}, not (1, width, {embed_dim}, n)"
+                f"{variables.folder}: variable {name!r} has shape {kernel.shape}, "
+                f"not (1, width, {embed_dim}, n)"
             )
         arrays[f"CNN/W_cnn_{k}"] = kernel
-        arrays[f"CNN/b_cnn_{k}"] = need(f"{SCOPE}CNN/b_cnn_{k}", f"the bias of filter {k}")
+        arrays[f"CNN/b_cnn_{k}"] = variables.need(f"{SCOPE}CNN/b_cnn_{k}", f"the bias of filter {k}")
         filters.append([width, count])
     n_highway = 0
     while f"{SCOPE}CNN_high_{n_highway}/W_carry" in names:
         for part in ("W_carry", "b_carry", "W_transform", "b_transform"):
             key = f"CNN_high_{n_highway}/{part}"
-            arrays[key] = need(SCOPE + key, f"highway layer {n_highway}")
+            arrays[key] = variables.need(SCOPE + key, f"highway layer {n_highway}")
         n_highway += 1
+    return {
+        "embedding": {"dim": embed_dim},
+        "filters": filters,
+        "n_highway": n_highway,
+        "n_characters": n_characters,
+    }
+
+
+def _read_lstms(variables: _Variables, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Both directions' LSTM layers into ``arrays`` (by the layout's names); their options."""
+    names = variables.names
     n_layers = 0
     while _lstm_name(names, 0, n_layers, "W_0") is not None:
         n_layers += 1
     if n_layers == 0:
         raise TfHubError(
-            f"{where}: its checkpoint has no variable {SCOPE}RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0 "
+            f"{variables.lacking}: its checkpoint has no variable "
+            f"{SCOPE}RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0 "
             "(or .../rnn/lstm_cell/kernel), the first LSTM's kernel"
         )
     projection_dim = dim = 0
@@ -128,53 +169,37 @@ def read_tfhub(folder: str | Path, require_aggregation: bool = False) -> TfHubMo
                     if part == "W_P_0":
                         continue  # an LSTM without a projection
                     raise TfHubError(
-                        f"{where}: its checkpoint has no variable "
+                        f"{variables.lacking}: its checkpoint has no variable "
                         f"{SCOPE}RNN_{d}/RNN/MultiRNNCell/Cell{k}/{old} (nor its lstm_cell name)"
                     )
-                arrays[f"{cell}/{part}"] = need(found, f"LSTM layer {k}")
-            bias = arrays[f"{cell}/B"]
-            dim = shape(bias, f"{cell}/B", 1)[0] // 4
+                arrays[f"{cell}/{part}"] = variables.need(found, f"LSTM layer {k}")
+            dim = variables.shape(arrays[f"{cell}/B"], f"{cell}/B", 1)[0] // 4
             if f"{cell}/W_P_0" in arrays:
-                projection_dim = shape(arrays[f"{cell}/W_P_0"], f"{cell}/W_P_0", 2)[1]
+                projection_dim = variables.shape(arrays[f"{cell}/W_P_0"], f"{cell}/W_P_0", 2)[1]
             else:
                 projection_dim = dim
-    n_filters = sum(count for _, count in filters)
-    if n_filters != projection_dim:
-        for part, what in (("W_proj", "the char CNN's projection"), ("b_proj", "its bias")):
-            arrays[f"CNN_proj/{part}"] = need(f"{SCOPE}CNN_proj/{part}", what)
-    options: dict[str, Any] = {
-        "lstm": {
-            "cell_clip": CLIP,
-            "use_skip_connections": True,
-            "n_layers": n_layers,
-            "proj_clip": CLIP,
-            "projection_dim": projection_dim,
-            "dim": dim,
-        },
-        "char_cnn": {
-            "embedding": {"dim": embed_dim},
-            "filters": filters,
-            "n_highway": n_highway,
-            "n_characters": n_characters,
-            "max_characters_per_token": MAX_CHARACTERS,
-            "activation": _activation(folder),
-        },
+    return {
+        "cell_clip": CLIP,
+        "use_skip_connections": True,
+        "n_layers": n_layers,
+        "proj_clip": CLIP,
+        "projection_dim": projection_dim,
+        "dim": dim,
     }
-    parsed = BiLMOptions.from_dict(options, f"{folder} (options from the variables' shapes)")
-    weights: np.ndarray | None = None
-    scaling: float | None = None
-    if require_aggregation or all(name in names for name in AGGREGATION):
-        weights = need(AGGREGATION[0], "the module's layer weights")
-        if weights.shape != (parsed.num_layers,):
-            raise TfHubError(
-                f"{folder}: variable {AGGREGATION[0]!r} has shape {weights.shape}, not "
-                f"({parsed.num_layers},) for a biLM of {parsed.num_layers} layers"
-            )
-        value = need(AGGREGATION[1], "the module's scale of the layer mix")
-        if value.size != 1:
-            raise TfHubError(f"{folder}: variable {AGGREGATION[1]!r} has shape {value.shape}, not ()")
-        scaling = float(value.reshape(()))
-    return TfHubModel(folder, parsed, arrays, weights, scaling)
+
+
+def _read_aggregation(variables: _Variables, num_layers: int) -> tuple[np.ndarray, float]:
+    """The module's layer mix: its weights (``num_layers``,) before the softmax, and its scale."""
+    weights = variables.need(AGGREGATION[0], "the module's layer weights")
+    if weights.shape != (num_layers,):
+        raise TfHubError(
+            f"{variables.folder}: variable {AGGREGATION[0]!r} has shape {weights.shape}, not "
+            f"({num_layers},) for a biLM of {num_layers} layers"
+        )
+    value = variables.need(AGGREGATION[1], "the module's scale of the layer mix")
+    if value.size != 1:
+        raise TfHubError(f"{variables.folder}: variable {AGGREGATION[1]!r} has shape {value.shape}, not ()")
+    return weights, float(value.reshape(()))
 
 
 def _lstm_name(names: set[str], direction: int, layer: int, part: str) -> str | None:

@@ -26,13 +26,23 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-_TOKENS = {"type": "array", "items": {"type": "string"}}
+def _object(required: list[str], properties: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A JSON object with the ``required`` keys of ``properties`` (``more``: further keywords)."""
+    return {"type": "object", "required": required, "properties": properties, **more}
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
+_NUMBER = {"type": "number"}
+_BOOLEAN = {"type": "boolean"}
+_TOKENS = _array(_STRING)
 _SENTENCES = {
     "description": "one text, or a list of texts and token lists",
-    "oneOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"oneOf": [{"type": "string"}, _TOKENS]}},
-    ],
+    "oneOf": [_STRING, _array({"oneOf": [_STRING, _TOKENS]})],
 }
 _MODEL = {"type": "string", "description": "a model's name (GET /v1/models); default: the first served"}
 _TRUNCATE = {
@@ -42,33 +52,30 @@ _TRUNCATE = {
 }
 _ENCODING = {"type": "string", "enum": ["float", "base64"], "default": "float"}
 _TIMING = {
-    "x-request-id": {"description": "the request's id", "schema": {"type": "string"}},
-    "x-queue-time": {"description": "milliseconds queued before the model ran", "schema": {"type": "string"}},
-    "x-inference-time": {"description": "milliseconds of the model's batch", "schema": {"type": "string"}},
+    "x-request-id": {"description": "the request's id", "schema": _STRING},
+    "x-queue-time": {"description": "milliseconds queued before the model ran", "schema": _STRING},
+    "x-inference-time": {"description": "milliseconds of the model's batch", "schema": _STRING},
 }
 
 _SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["message", "type", "param", "code"],
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
+    "Error": _object(
+        ["error"],
+        {
+            "error": _object(
+                ["message", "type", "param", "code"],
+                {
+                    "message": _STRING,
+                    "type": _STRING,
                     "param": {"type": ["string", "null"]},
-                    "code": {"type": "integer"},
-                    "request_id": {"type": "string"},
+                    "code": _INTEGER,
+                    "request_id": _STRING,
                 },
-            }
+            )
         },
-    },
-    "EmbeddingsRequest": {
-        "type": "object",
-        "required": ["input"],
-        "properties": {
+    ),
+    "EmbeddingsRequest": _object(
+        ["input"],
+        {
             "input": _SENTENCES,
             "model": _MODEL,
             "encoding_format": _ENCODING,
@@ -77,200 +84,147 @@ _SCHEMAS: dict[str, Any] = {
             "normalize": {"type": "boolean", "default": True, "description": "unit-length vectors"},
             "truncate": _TRUNCATE,
         },
-    },
-    "EmbeddingsResponse": {
-        "type": "object",
-        "required": ["object", "data", "model", "usage"],
-        "properties": {
+    ),
+    "EmbeddingsResponse": _object(
+        ["object", "data", "model", "usage"],
+        {
             "object": {"const": "list"},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["object", "index", "embedding"],
-                    "properties": {
+            "data": _array(
+                _object(
+                    ["object", "index", "embedding"],
+                    {
                         "object": {"const": "embedding"},
-                        "index": {"type": "integer"},
+                        "index": _INTEGER,
                         "embedding": {
                             "oneOf": [
-                                {"type": "array", "items": {"type": "number"}},
+                                _array(_NUMBER),
                                 {"type": "string", "description": "base64 of little-endian float32"},
                             ]
                         },
                     },
-                },
-            },
-            "model": {"type": "string"},
-            "usage": {
-                "type": "object",
-                "required": ["prompt_tokens", "total_tokens"],
-                "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
-            },
+                )
+            ),
+            "model": _STRING,
+            "usage": _object(
+                ["prompt_tokens", "total_tokens"], {"prompt_tokens": _INTEGER, "total_tokens": _INTEGER}
+            ),
         },
-    },
-    "EmbedRequest": {
-        "type": "object",
-        "required": ["sentences"],
-        "properties": {
+    ),
+    "EmbedRequest": _object(
+        ["sentences"],
+        {
             "sentences": _SENTENCES,
             "model": _MODEL,
             "layers": {"type": "string", "enum": ["all", "top", "average"], "default": "all"},
             "encoding_format": _ENCODING,
             "truncate": _TRUNCATE,
         },
-    },
-    "EmbedResponse": {
-        "type": "object",
-        "required": ["model", "layers", "results"],
-        "properties": {
-            "model": {"type": "string"},
-            "layers": {"type": "string"},
-            "results": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["tokens", "shape", "embedding"],
-                    "properties": {
+    ),
+    "EmbedResponse": _object(
+        ["model", "layers", "results"],
+        {
+            "model": _STRING,
+            "layers": _STRING,
+            "results": _array(
+                _object(
+                    ["tokens", "shape", "embedding"],
+                    {
                         "tokens": _TOKENS,
-                        "shape": {"type": "array", "items": {"type": "integer"}},
+                        "shape": _array(_INTEGER),
                         "embedding": {
                             "description": "nested lists of numbers in `shape`, or base64 of float32",
-                            "oneOf": [{"type": "array"}, {"type": "string"}],
+                            "oneOf": [{"type": "array"}, _STRING],
                         },
                     },
-                },
-            },
+                )
+            ),
         },
-    },
-    "ScoreRequest": {
-        "type": "object",
-        "required": ["sentences"],
-        "properties": {"sentences": _SENTENCES, "model": _MODEL, "per_token": {"type": "boolean"}},
-    },
-    "ScoreResponse": {
-        "type": "object",
-        "required": ["model", "results"],
-        "properties": {
-            "model": {"type": "string"},
-            "results": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["sentence", "tokens", "oov"],
-                    "properties": {
+    ),
+    "ScoreRequest": _object(["sentences"], {"sentences": _SENTENCES, "model": _MODEL, "per_token": _BOOLEAN}),
+    "ScoreResponse": _object(
+        ["model", "results"],
+        {
+            "model": _STRING,
+            "results": _array(
+                _object(
+                    ["sentence", "tokens", "oov"],
+                    {
                         "sentence": _TOKENS,
-                        "tokens": {"type": "integer"},
-                        "oov": {"type": "integer"},
-                        "forward_logprobs": {"type": "array", "items": {"type": "number"}},
-                        "backward_logprobs": {"type": "array", "items": {"type": "number"}},
+                        "tokens": _INTEGER,
+                        "oov": _INTEGER,
+                        "forward_logprobs": _array(_NUMBER),
+                        "backward_logprobs": _array(_NUMBER),
                     },
-                    "additionalProperties": {"type": ["number", "array"]},
-                },
-            },
+                    additionalProperties={"type": ["number", "array"]},
+                )
+            ),
         },
-    },
-    "SubstitutesRequest": {
-        "type": "object",
-        "required": ["sentence", "position"],
-        "properties": {
-            "sentence": {"oneOf": [{"type": "string"}, _TOKENS]},
+    ),
+    "SubstitutesRequest": _object(
+        ["sentence", "position"],
+        {
+            "sentence": {"oneOf": [_STRING, _TOKENS]},
             "position": {"type": "integer", "minimum": 0},
             "k": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10},
             "model": _MODEL,
         },
-    },
-    "SubstitutesResponse": {
-        "type": "object",
-        "required": ["model", "tokens", "position", "word", "forward", "backward", "both"],
-        "properties": {
-            "model": {"type": "string"},
+    ),
+    "SubstitutesResponse": _object(
+        ["model", "tokens", "position", "word", "forward", "backward", "both"],
+        {
+            "model": _STRING,
             "tokens": _TOKENS,
-            "position": {"type": "integer"},
-            "word": {"type": "string"},
-            "in_vocabulary": {"type": "boolean"},
+            "position": _INTEGER,
+            "word": _STRING,
+            "in_vocabulary": _BOOLEAN,
             **{
-                side: {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["word", "probability"],
-                        "properties": {"word": {"type": "string"}, "probability": {"type": "number"}},
-                    },
-                }
+                side: _array(_object(["word", "probability"], {"word": _STRING, "probability": _NUMBER}))
                 for side in ("forward", "backward", "both")
             },
         },
-    },
-    "TokenizeRequest": {
-        "type": "object",
-        "required": ["input"],
-        "properties": {"input": _SENTENCES, "model": _MODEL, "truncate": _TRUNCATE},
-    },
-    "TokenizeResponse": {
-        "type": "object",
-        "required": ["model", "tokens", "count"],
-        "properties": {
-            "model": {"type": "string"},
-            "tokens": {"type": "array", "items": _TOKENS},
-            "count": {"type": "array", "items": {"type": "integer"}},
-        },
-    },
-    "ModelList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
+    ),
+    "TokenizeRequest": _object(["input"], {"input": _SENTENCES, "model": _MODEL, "truncate": _TRUNCATE}),
+    "TokenizeResponse": _object(
+        ["model", "tokens", "count"],
+        {"model": _STRING, "tokens": _array(_TOKENS), "count": _array(_INTEGER)},
+    ),
+    "ModelList": _object(
+        ["object", "data"],
+        {
             "object": {"const": "list"},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object", "created", "owned_by", "dim", "layers", "softmax"],
-                    "properties": {
-                        "id": {"type": "string"},
+            "data": _array(
+                _object(
+                    ["id", "object", "created", "owned_by", "dim", "layers", "softmax"],
+                    {
+                        "id": _STRING,
                         "object": {"const": "model"},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string"},
-                        "dim": {"type": "integer"},
-                        "layers": {"type": "integer"},
-                        "softmax": {"type": "boolean"},
+                        "created": _INTEGER,
+                        "owned_by": _STRING,
+                        "dim": _INTEGER,
+                        "layers": _INTEGER,
+                        "softmax": _BOOLEAN,
                     },
-                },
-            },
+                )
+            ),
         },
-    },
-    "Info": {
-        "type": "object",
-        "required": [
-            "version",
-            "models",
-            "limits",
-            "max_batch_tokens",
-            "max_wait_ms",
-            "tokenize",
-            "truncate",
-        ],
-        "properties": {
-            "version": {"type": "string"},
-            "models": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "dimensions", "layers", "softmax"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "dimensions": {"type": "integer"},
-                        "layers": {"type": "integer"},
-                        "softmax": {"type": "boolean"},
-                    },
-                },
-            },
-            "limits": {"type": "object", "additionalProperties": {"type": "number"}},
-            "max_batch_tokens": {"type": "integer"},
-            "max_wait_ms": {"type": "number"},
-            "tokenize": {"type": "boolean"},
-            "truncate": {"type": "boolean"},
+    ),
+    "Info": _object(
+        ["version", "models", "limits", "max_batch_tokens", "max_wait_ms", "tokenize", "truncate"],
+        {
+            "version": _STRING,
+            "models": _array(
+                _object(
+                    ["id", "dimensions", "layers", "softmax"],
+                    {"id": _STRING, "dimensions": _INTEGER, "layers": _INTEGER, "softmax": _BOOLEAN},
+                )
+            ),
+            "limits": {"type": "object", "additionalProperties": _NUMBER},
+            "max_batch_tokens": _INTEGER,
+            "max_wait_ms": _NUMBER,
+            "tokenize": _BOOLEAN,
+            "truncate": _BOOLEAN,
         },
-    },
+    ),
 }
 
 
@@ -290,72 +244,46 @@ def _operation(
     return operation
 
 
+_OK = "the answer"
+
+
+def _post(summary: str, name: str, timed: bool = True) -> dict[str, Any]:
+    """A POST of the schema ``name``Request answered by ``name``Response."""
+    return {"post": _operation(summary, _json(_ref(name + "Response"), _OK), name + "Request", timed=timed)}
+
+
+def _get(summary: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """A GET answered by the JSON ``answer``."""
+    return {"get": _operation(summary, _json(answer, _OK))}
+
+
 def schema() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the app's endpoints."""
-    ok = "the answer"
     paths = {
-        "/v1/embeddings": {
-            "post": _operation(
-                "one unit-length vector per input (OpenAI's embeddings API)",
-                _json(_ref("EmbeddingsResponse"), ok),
-                "EmbeddingsRequest",
-                timed=True,
-            )
-        },
-        "/embed": {
-            "post": _operation(
-                "token-level vectors", _json(_ref("EmbedResponse"), ok), "EmbedRequest", timed=True
-            )
-        },
-        "/score": {
-            "post": _operation(
-                "log-probability and perplexity per sentence (models with a softmax)",
-                _json(_ref("ScoreResponse"), ok),
-                "ScoreRequest",
-                timed=True,
-            )
-        },
-        "/substitutes": {
-            "post": _operation(
-                "the words the language model predicts at a position (models with a softmax)",
-                _json(_ref("SubstitutesResponse"), ok),
-                "SubstitutesRequest",
-                timed=True,
-            )
-        },
-        "/tokenize": {
-            "post": _operation(
-                "the tokens each input becomes", _json(_ref("TokenizeResponse"), ok), "TokenizeRequest"
-            )
-        },
-        "/v1/models": {"get": _operation("the models served", _json(_ref("ModelList"), ok))},
-        "/info": {"get": _operation("the version, the models and the limits", _json(_ref("Info"), ok))},
-        "/health": {
-            "get": _operation(
-                "the process is up (no API key needed)",
-                _json({"type": "object", "properties": {"status": {"const": "ok"}}}, ok),
-            )
-        },
-        "/ready": {
-            "get": _operation(
-                "the models are loaded (503 while stopping)",
-                _json(
-                    {
-                        "type": "object",
-                        "required": ["status", "models"],
-                        "properties": {"status": {"const": "ready"}, "models": _TOKENS},
-                    },
-                    ok,
-                ),
-            )
-        },
+        "/v1/embeddings": _post("one unit-length vector per input (OpenAI's embeddings API)", "Embeddings"),
+        "/embed": _post("token-level vectors", "Embed"),
+        "/score": _post("log-probability and perplexity per sentence (models with a softmax)", "Score"),
+        "/substitutes": _post(
+            "the words the language model predicts at a position (models with a softmax)", "Substitutes"
+        ),
+        "/tokenize": _post("the tokens each input becomes", "Tokenize", timed=False),
+        "/v1/models": _get("the models served", _ref("ModelList")),
+        "/info": _get("the version, the models and the limits", _ref("Info")),
+        "/health": _get(
+            "the process is up (no API key needed)",
+            {"type": "object", "properties": {"status": {"const": "ok"}}},
+        ),
+        "/ready": _get(
+            "the models are loaded (503 while stopping)",
+            _object(["status", "models"], {"status": {"const": "ready"}, "models": _TOKENS}),
+        ),
         "/metrics": {
             "get": _operation(
                 "Prometheus text",
-                {"description": ok, "content": {"text/plain": {"schema": {"type": "string"}}}},
+                {"description": _OK, "content": {"text/plain": {"schema": _STRING}}},
             )
         },
-        "/openapi.json": {"get": _operation("this document", _json({"type": "object"}, ok))},
+        "/openapi.json": _get("this document", {"type": "object"}),
     }
     return {
         "openapi": "3.1.0",

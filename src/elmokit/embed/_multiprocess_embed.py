@@ -217,50 +217,56 @@ class _Job:
         return result
 
 
+@dataclass(frozen=True)
+class EmbedRequest:
+    """What ``Embedder.embed_file`` is asked to do, as each process of the run gets it (and a
+    sharded run, ``shards.work``): the input, the output and what decides its vectors."""
+
+    input_path: str | os.PathLike
+    output_path: str | os.PathLike
+    layers: str
+    overwrite: bool
+    sentence_index: bool
+    tokenize: bool
+    progress: bool
+    pooling: str | None
+    format: str = "hdf5"  # "hdf5" or "parquet"
+
+
 def share(
     kind: str | Callable[..., str],
     embedder: LineEmbedder,
     arguments: dict[str, Any],
     job: _Job | None = None,
 ) -> dict[str, Any]:
-    """This process's share of a file job (``kind`` "embed": ``_embed_share``'s ``arguments``;
-    "tokens": ``_tokens_share``'s; or the job's own function of ``(embedder, job, **arguments)``,
-    e.g. ``shards.work``), among torchrun's processes unless ``job`` is given. Returns the run's
-    summary (the same in every process)."""
+    """This process's share of a file job (``kind`` "embed": ``_embed_share``'s ``arguments``,
+    ``{"request": EmbedRequest}``; "tokens": ``_tokens_share``'s; or the job's own function of
+    ``(embedder, job, **arguments)``, e.g. ``shards.work``), among torchrun's processes unless
+    ``job`` is given. Returns the run's summary (the same in every process)."""
     work = kind if callable(kind) else _embed_share if kind == "embed" else _tokens_share
     return json.loads(work(embedder, job, **arguments))
 
 
-def _embed_share(
-    embedder: LineEmbedder,
-    job: _Job | None,
-    input_path: str | os.PathLike,
-    output_path: str | os.PathLike,
-    layers: str,
-    overwrite: bool,
-    sentence_index: bool,
-    tokenize: bool,
-    progress: bool,
-    pooling: str | None,
-    format: str = "hdf5",
-) -> str:
+def _embed_share(embedder: LineEmbedder, job: _Job | None, request: EmbedRequest) -> str:
     """One process's part of the lines, and process 0's merge; the summary as JSON."""
+    input_path, layers, pooling = request.input_path, request.layers, request.pooling
     check_layers(layers, pooling)
     total = check_splittable(embedder.mode, input_path)
-    output = check_output(output_path, overwrite, [input_path, *embedder.source_files])
+    output = check_output(request.output_path, request.overwrite, [input_path, *embedder.source_files])
     remove_leftovers(output)  # of this host's killed runs
     if job is None:  # the checks above come before any process talks
         job = _Job.under_torchrun("embed", this_process())
     start = time.perf_counter()
     chunk, size, rank = embedder.chunk_size, job.size, job.rank
-    split = line_splitter(tokenize, warn=rank == 0)
+    split = line_splitter(request.tokenize, warn=rank == 0)
 
     def token_lists() -> Iterator[list[str]]:
         for i, text in enumerate(read_lines(input_path)):
             if (i // chunk) % size == rank:
                 yield split(text)
 
-    with scratch_path(output, f"part{rank}-") as part, progress_bar(progress and rank == 0, total) as bar:
+    bar_context = progress_bar(request.progress and rank == 0, total)
+    with scratch_path(output, f"part{rank}-") as part, bar_context as bar:
 
         def show(lines: int, tokens: int) -> None:
             bar.update(lines - bar.n)
@@ -286,10 +292,7 @@ def _embed_share(
         parts = job.parts(output.parent, lambda: show(job.add("lines", 0), job.add("tokens", 0)))
         bar.close()
         embedded = time.perf_counter()
-        lines, n_tokens, empty = _merge_lines(
-            embedder, input_path, output, overwrite, parts, layers, pooling, sentence_index, progress,
-            format, tokenize,
-        )
+        lines, n_tokens, empty = _merge_lines(embedder, request, output, parts)
         end = time.perf_counter()
         summary: dict[str, Any] = {
             "sentences": lines,
@@ -335,20 +338,11 @@ class _Part:
 
 
 def _merge_lines(
-    embedder: LineEmbedder,
-    input_path: str | os.PathLike,
-    output: Path,
-    overwrite: bool,
-    paths: list[Path],
-    layers: str,
-    pooling: str | None,
-    sentence_index: bool,
-    progress: bool,
-    format: str = "hdf5",
-    tokenize: bool = False,
+    embedder: LineEmbedder, request: EmbedRequest, output: Path, paths: list[Path]
 ) -> tuple[int, int, int]:
     """Process 0: write OUTPUT (HDF5 or Parquet) from the parts, line by line in the input's
     order, as one process writes it. Returns (lines, tokens, empty lines)."""
+    input_path, layers, pooling = request.input_path, request.layers, request.pooling
     chunk, size = embedder.chunk_size, len(paths)
     num_layers, dim = embedder.bilm.num_layers, embedder.dim
     pooled = row_shape(num_layers, dim, layers, pooling)
@@ -360,8 +354,8 @@ def _merge_lines(
 
     parts = [_Part(path) for path in paths]
     counts = [0, 0, 0]
-    parquet = format == "parquet"
-    split = line_splitter(tokenize, warn=False)
+    parquet = request.format == "parquet"
+    split = line_splitter(request.tokenize, warn=False)
     total = sum(len(part.lengths) for part in parts)
 
     def rows(bar: Any) -> Iterator[tuple[Any, np.ndarray]]:
@@ -379,11 +373,11 @@ def _merge_lines(
             raise ValueError(f"{input_path} changed while it was embedded: it has fewer lines than before")
 
     try:
-        with progress_bar(progress, total, "merge") as bar:
+        with progress_bar(request.progress, total, "merge") as bar:
             if parquet:
-                write_parquet(output, overwrite, rows(bar), embedder.parquet_layout(layers, pooling))
+                write_parquet(output, request.overwrite, rows(bar), embedder.parquet_layout(layers, pooling))
             else:
-                write_vectors(output, overwrite, rows(bar), pooled, sentence_index)
+                write_vectors(output, request.overwrite, rows(bar), pooled, request.sentence_index)
     finally:
         for part in parts:
             part.close()

@@ -435,32 +435,40 @@ class Embedder:
         format = output_format(output_path, format)
         if format == "parquet":
             require_pyarrow()
-        arguments = {
-            "input_path": input_path,
-            "output_path": output_path,
-            "layers": layers,
-            "overwrite": overwrite,
-            "sentence_index": sentence_index,
-            "tokenize": tokenize,
-            "progress": progress,
-            "pooling": pooling,
-            "format": format,
-        }
+        request = engine.EmbedRequest(
+            input_path=input_path,
+            output_path=output_path,
+            layers=layers,
+            overwrite=overwrite,
+            sentence_index=sentence_index,
+            tokenize=tokenize,
+            progress=progress,
+            pooling=pooling,
+            format=format,
+        )
         if shard_sentences is not None:
-            return self._embed_shards(arguments, shard_sentences, processes)
+            return self._embed_shards(request, shard_sentences, processes)
         if self._shared(processes):
             if processes > 1:  # what every process would refuse, refused once
                 engine.check_splittable(self.mode, input_path)
                 check_output(output_path, overwrite, [input_path, *self.source_files])
-            return EmbedSummary(**self._run_shared("embed", processes, arguments, output_path))
-        output = check_output(output_path, overwrite, [input_path, *self.source_files])
-        total = count_lines(input_path)
-        lines = read_lines(input_path)
-        split = line_splitter(tokenize)
+            return EmbedSummary(**self._run_shared("embed", processes, {"request": request}, output_path))
+        return self._embed_here(request)
+
+    def _embed_here(self, request: engine.EmbedRequest) -> EmbedSummary:
+        """``embed_file`` in this process alone: the lines streamed through ``embed_sentences``
+        into the output's writer, one progress bar of sentences."""
+        layers, pooling = request.layers, request.pooling
+        output = check_output(
+            request.output_path, request.overwrite, [request.input_path, *self.source_files]
+        )
+        total = count_lines(request.input_path)
+        lines = read_lines(request.input_path)
+        split = line_splitter(request.tokenize)
         start = time.perf_counter()
         stats = {"sentences": 0, "tokens": 0, "empty": 0}
         texts: deque[Any] = deque()  # lines (Parquet: their tokens) read but not yet written, in order
-        parquet = format == "parquet"
+        parquet = request.format == "parquet"
 
         def token_lists() -> Iterator[list[str]]:
             for text in lines:
@@ -478,30 +486,37 @@ class Embedder:
                 bar.update(1)
                 bar.set_postfix(tok_s=f"{stats['tokens'] / (time.perf_counter() - start):.0f}")
 
-        with engine.progress_bar(progress, total) as bar:
+        with engine.progress_bar(request.progress, total) as bar:
             if parquet:
-                write_parquet(output, overwrite, rows(bar), self.parquet_layout(layers, pooling))
+                write_parquet(output, request.overwrite, rows(bar), self.parquet_layout(layers, pooling))
             else:
                 shape = row_shape(self.bilm.num_layers, self.dim, layers, pooling)
-                write_vectors(output, overwrite, rows(bar), shape, sentence_index)
+                write_vectors(output, request.overwrite, rows(bar), shape, request.sentence_index)
         return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output))
 
-    def _embed_shards(self, arguments: dict[str, Any], shard_sentences: int, processes: int) -> EmbedSummary:
+    def _embed_shards(
+        self, request: engine.EmbedRequest, shard_sentences: int, processes: int
+    ) -> EmbedSummary:
         """``embed_file`` with ``shard_sentences``: prepared here (or by torchrun's process 0),
         then the parts embedded by this process or shared by ``processes`` workers."""
         dtype = self._settings["dtype"]
         if dtype != "int8":
             dtype = str(DTYPES.get(dtype, dtype)).removeprefix("torch.")  # one name for fp32, float32...
         identity = {"mode": self.mode, "dtype": dtype, "backend": self._settings["backend"]}
-        arguments |= {"shard_sentences": shard_sentences, "identity": identity}  # "format": the parts'
+        # the request's "format": the parts'
+        arguments: dict[str, Any] = {
+            "request": request,
+            "shard_sentences": shard_sentences,
+            "identity": identity,
+        }
         shared = self._shared(processes)
         if shared and processes == 1:  # torchrun: process 0 prepares and tells the others
             return EmbedSummary(**engine.share(shards.work, self, arguments))
-        arguments["plan"] = shards.prepare(self, **arguments)
+        arguments["plan"] = shards.prepare(self, request, shard_sentences, identity)
         if not shared:
             return EmbedSummary(**json.loads(shards.work(self, None, **arguments)))
         make = functools.partial(_embedder_like, self.bilm, self._settings, self.model_name)
-        what = ("embed", os.fspath(arguments["output_path"]))
+        what = ("embed", os.fspath(request.output_path))
         return EmbedSummary(**engine.run(shards.work, processes, make, _device(self.bilm), arguments, what))
 
     def parquet_layout(self, layers: str = "all", pooling: str | None = None) -> ParquetLayout:

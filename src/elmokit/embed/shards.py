@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -45,7 +45,7 @@ from ..base.atomic import check_output, remove_leftovers, write_json
 from ..base.devices import this_process
 from ..base.textfiles import count_lines, line_splitter, read_lines
 from ..model.weights import open_hdf5
-from ._multiprocess_embed import LineEmbedder, _Job, progress_bar
+from ._multiprocess_embed import EmbedRequest, LineEmbedder, _Job, progress_bar
 from .parquet_file import require_pyarrow, write_parquet
 from .vectors_file import POOLED_DATASET, check_layers, output_array, row_shape, write_vectors
 
@@ -83,27 +83,21 @@ Row = tuple[str, list[str], np.ndarray]  # a line's text, its tokens, its output
 
 @dataclass(frozen=True)
 class PartFormat:
-    """How a part file of one format is written and read: ``write(embedder, path, rows,
-    layers, pooling, sentence_index, first_line)`` writes the rows of the part's lines
-    atomically with the writer of a whole output; ``read(path, lines, layers, pooling)`` yields
-    the lines' float32 arrays in order."""
+    """How a part file of one format is written and read: ``write(embedder, request, path,
+    rows, first_line)`` writes the rows of the part's lines atomically with the writer of a
+    whole output; ``read(path, lines, layers, pooling)`` yields the lines' float32 arrays in
+    order."""
 
     suffix: str
-    write: Callable[[LineEmbedder, Path, Iterable[Row], str, str | None, bool, int], None]
+    write: Callable[[LineEmbedder, EmbedRequest, Path, Iterable[Row], int], None]
     read: Callable[[Path, int, str, str | None], Iterator[np.ndarray]]
 
 
 def _write_hdf5(
-    embedder: LineEmbedder,
-    path: Path,
-    rows: Iterable[Row],
-    layers: str,
-    pooling: str | None,
-    sentence_index: bool,
-    first_line: int,
+    embedder: LineEmbedder, request: EmbedRequest, path: Path, rows: Iterable[Row], first_line: int
 ) -> None:
-    shape = row_shape(embedder.bilm.num_layers, embedder.dim, layers, pooling)
-    write_vectors(path, True, ((text, array) for text, _, array in rows), shape, sentence_index)
+    shape = row_shape(embedder.bilm.num_layers, embedder.dim, request.layers, request.pooling)
+    write_vectors(path, True, ((text, array) for text, _, array in rows), shape, request.sentence_index)
 
 
 def _read_hdf5(path: Path, lines: int, layers: str, pooling: str | None) -> Iterator[np.ndarray]:
@@ -118,16 +112,10 @@ def _read_hdf5(path: Path, lines: int, layers: str, pooling: str | None) -> Iter
 
 
 def _write_parquet(
-    embedder: LineEmbedder,
-    path: Path,
-    rows: Iterable[Row],
-    layers: str,
-    pooling: str | None,
-    sentence_index: bool,
-    first_line: int,
+    embedder: LineEmbedder, request: EmbedRequest, path: Path, rows: Iterable[Row], first_line: int
 ) -> None:
     """A Parquet part: its "index" column holds the lines' numbers in the whole input."""
-    layout = embedder.parquet_layout(layers, pooling)
+    layout = embedder.parquet_layout(request.layers, request.pooling)
     write_parquet(path, True, ((tokens, array) for _, tokens, array in rows), layout, first_index=first_line)
 
 
@@ -230,38 +218,65 @@ def _update_part(folder: Path, entry: dict[str, Any]) -> None:
 
 # -- before the work: the plan ----------------------------------------------------------------------
 def prepare(
-    embedder: LineEmbedder,
-    input_path: str | os.PathLike,
-    output_path: str | os.PathLike,
-    layers: str,
-    overwrite: bool,
-    sentence_index: bool,
-    tokenize: bool,
-    progress: bool,
-    pooling: str | None,
-    shard_sentences: int,
-    format: str,
-    identity: dict[str, Any],
-    plan: dict[str, Any] | None = None,
+    embedder: LineEmbedder, request: EmbedRequest, shard_sentences: int, identity: dict[str, Any]
 ) -> dict[str, Any]:
     """Check everything, write the manifest of the run (the parts that verify kept), and return
     the plan: the line count, the parts still to do and how many were kept. ValueError or
-    OSError, in one line, for anything refused: a changed model, option or input names it."""
-    check_layers(layers, pooling)
+    OSError, in one line, for anything refused: a changed model, option or input names it.
+    ``identity``: the Embedder's mode, dtype and backend, as the manifest records them."""
+    total = _check_request(embedder, request, shard_sentences)
+    folder = _output_folder(request.output_path)
+    inputs = [request.input_path, *embedder.source_files]
+    manifest_path = check_output(folder / MANIFEST, True, inputs)
+    header = _header(embedder, request, shard_sentences, identity, total)
+    old = _earlier_run(folder, request.overwrite)
+    claimed: set[str] = set()  # names the old manifest gave to parts: files the tool made
+    if old is not None:
+        _refuse_changes(folder, old, header)
+        claimed = {part["name"] for part in old["parts"]}
+    n_parts, suffix = header["total_parts"], PART_FORMATS[request.format].suffix
+    names = [part_name(i, n_parts, suffix) for i in range(n_parts)]
+    kept = [] if old is None else _verified_parts(folder, old)
+    done = {part["name"] for part in kept}
+    pending = [i for i, name in enumerate(names) if name not in done]
+    for i in pending:
+        _clear_part(folder / names[i], inputs, request.overwrite, claimed)
+    write_json(manifest_path, {**header, "parts": kept})
+    if kept:
+        lines = sum(part["lines"] for part in kept)
+        _log.info(
+            "%s: %d of %d parts (%s lines) are done already and verified; they are skipped",
+            folder,
+            len(kept),
+            n_parts,
+            f"{lines:,}",
+        )
+    return {"lines": total, "pending": pending, "skipped": len(kept), "names": names}
+
+
+def _check_request(embedder: LineEmbedder, request: EmbedRequest, shard_sentences: int) -> int:
+    """The input's line count, once the options of a sharded run are checked (ValueError)."""
+    check_layers(request.layers, request.pooling)
     if isinstance(shard_sentences, bool) or not isinstance(shard_sentences, int) or shard_sentences < 1:
         raise ValueError(f"shard_sentences must be a whole number of at least 1, got {shard_sentences!r}")
-    if format not in PART_FORMATS:
-        raise ValueError(f"format must be one of {', '.join(PART_FORMATS)}, got {format!r}")
+    if request.format not in PART_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(PART_FORMATS)}, got {request.format!r}")
     if embedder.mode == "stateful":
         raise ValueError(
             "--mode stateful carries LSTM states from each batch into the next, so a part's vectors "
             "depend on the parts before it and a run cannot resume from its parts; use warm or zero "
             "mode, or leave out --shard-sentences"
         )
-    total = count_lines(input_path)
+    total = count_lines(request.input_path)
     if total is None:
+        input_path = request.input_path
         what = "standard input" if str(input_path) == "-" else f"{input_path} is a pipe, which"
         raise ValueError(f"{what} can be read only once, so a sharded run cannot resume from it; give a file")
+    return total
+
+
+def _output_folder(output_path: str | os.PathLike) -> Path:
+    """The output folder, made when its parent exists; a file there is refused."""
     folder = Path(output_path)
     if os.path.lexists(folder) and not folder.is_dir():
         raise NotADirectoryError(f"output {folder} is a file; with --shard-sentences the output is a folder")
@@ -269,22 +284,30 @@ def prepare(
         if not folder.parent.is_dir():
             raise FileNotFoundError(f"output folder does not exist: {folder.parent}")
         folder.mkdir()
-    fmt = PART_FORMATS[format]
-    inputs = [input_path, *embedder.source_files]
-    manifest_path = check_output(folder / MANIFEST, True, inputs)
-    n_parts = -(-total // shard_sentences)
-    header: dict[str, Any] = {
+    return folder
+
+
+def _header(
+    embedder: LineEmbedder,
+    request: EmbedRequest,
+    shard_sentences: int,
+    identity: dict[str, Any],
+    total: int,
+) -> dict[str, Any]:
+    """The manifest without its parts: what decides the vectors, the input, the parts' layout."""
+    input_path = request.input_path
+    return {
         "format": FORMAT,
         "version": VERSION,
         "model": model_identity(embedder),
         "options": {
-            "layers": layers,
-            "pooling": pooling,
+            "layers": request.layers,
+            "pooling": request.pooling,
             "mode": identity["mode"],
             "dtype": identity["dtype"],
             "backend": identity["backend"],
-            "tokenize": tokenize,
-            "sentence_index": sentence_index,
+            "tokenize": request.tokenize,
+            "sentence_index": request.sentence_index,
         },
         "input": {
             "name": Path(input_path).name,
@@ -292,30 +315,38 @@ def prepare(
             "sha256": file_sha256(input_path),
             "lines": total,
         },
-        "part_format": format,
+        "part_format": request.format,
         "part_sentences": shard_sentences,
-        "total_parts": n_parts,
+        "total_parts": -(-total // shard_sentences),
     }
-    old: dict[str, Any] | None = None
-    if os.path.lexists(manifest_path):
-        try:
-            old = read_manifest(folder)
-        except ValueError:
-            if not overwrite:
-                raise ValueError(
-                    f"{manifest_path} exists and is not the manifest of a sharded run; move it away, or "
-                    "pass --overwrite (overwrite=True) to replace it"
-                ) from None
-    claimed: set[str] = set()  # names the old manifest gave to parts: files the tool made
-    if old is not None and overwrite:
+
+
+def _earlier_run(folder: Path, overwrite: bool) -> dict[str, Any] | None:
+    """The manifest of the run that wrote into ``folder`` before, None when there is none (or,
+    with ``overwrite``, once that run's files are deleted). Another file of its name is refused
+    unless ``overwrite``."""
+    if not os.path.lexists(folder / MANIFEST):
+        return None
+    try:
+        old = read_manifest(folder)
+    except ValueError:
+        if not overwrite:
+            raise ValueError(
+                f"{folder / MANIFEST} exists and is not the manifest of a sharded run; move it away, or "
+                "pass --overwrite (overwrite=True) to replace it"
+            ) from None
+        return None
+    if overwrite:
         _remove_run(folder, old)
-        old = None
-    if old is not None:
-        _refuse_changes(folder, old, header)
-        claimed = {part["name"] for part in old["parts"]}
-    names = [part_name(i, n_parts, fmt.suffix) for i in range(n_parts)]
+        return None
+    return old
+
+
+def _verified_parts(folder: Path, old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The complete parts of the earlier run whose files match their SHA-256 (the others are
+    embedded again; a missing or changed one is logged)."""
     kept: list[dict[str, Any]] = []
-    for part in [] if old is None else old["parts"]:
+    for part in old["parts"]:
         path = folder / part["name"]
         if part.get("sha256") is None:
             continue  # begun, never finished: embedded again
@@ -324,28 +355,20 @@ def prepare(
         else:
             why = "is missing" if not os.path.lexists(path) else "does not match its sha256 in the manifest"
             _log.warning("%s %s: it is embedded again", path, why)
-    done = {part["name"] for part in kept}
-    pending = [i for i, name in enumerate(names) if name not in done]
-    for i in pending:
-        path = folder / names[i]
-        check_output(path, True, inputs)  # never an input, a link, a folder
-        if os.path.lexists(path) and not overwrite and names[i] not in claimed:
-            raise FileExistsError(
-                f"{path} exists and the manifest does not name it, so elmokit did not write it; move "
-                "it away, or pass --overwrite (overwrite=True) to replace it"
-            )
-        remove_leftovers(path)  # the temporary files of a killed run
-    write_json(manifest_path, {**header, "parts": kept})
-    if kept:
-        lines = sum(part["lines"] for part in kept)
-        _log.info(
-            "%s: %d of %d parts (%s lines) are done already and verified; they are skipped",
-            folder,
-            len(kept),
-            header["total_parts"],
-            f"{lines:,}",
+    return kept
+
+
+def _clear_part(path: Path, inputs: list[Any], overwrite: bool, claimed: set[str]) -> None:
+    """Make room for a part still to do: never an input, a link or a folder; a file of its name
+    that the manifest did not claim is refused unless ``overwrite``; a killed run's temporary
+    files are removed."""
+    check_output(path, True, inputs)
+    if os.path.lexists(path) and not overwrite and path.name not in claimed:
+        raise FileExistsError(
+            f"{path} exists and the manifest does not name it, so elmokit did not write it; move "
+            "it away, or pass --overwrite (overwrite=True) to replace it"
         )
-    return {"lines": total, "pending": pending, "skipped": len(kept), "names": names}
+    remove_leftovers(path)
 
 
 def _remove_run(folder: Path, manifest: dict[str, Any]) -> None:
@@ -390,109 +413,61 @@ def _refuse_changes(folder: Path, old: dict[str, Any], new: dict[str, Any]) -> N
 def work(
     embedder: LineEmbedder,
     job: _Job | None,
-    input_path: str | os.PathLike,
-    output_path: str | os.PathLike,
-    layers: str,
-    overwrite: bool,
-    sentence_index: bool,
-    tokenize: bool,
-    progress: bool,
-    pooling: str | None,
+    request: EmbedRequest,
     shard_sentences: int,
-    format: str,
     identity: dict[str, Any],
     plan: dict[str, Any] | None = None,
 ) -> str:
     """This process's parts of a sharded run (all of them in one process); the summary as JSON.
     Without a ``plan`` (one process, or torchrun's process 0) the run is prepared here; under
     torchrun process 0 passes the plan (or its error) to the others through the store."""
-    arguments = dict(locals())
-    del arguments["embedder"], arguments["job"]
     if job is None and this_process().distributed:
         job = _Job.under_torchrun("shards", this_process())
     rank, size = (0, 1) if job is None else (job.rank, job.size)
-    if plan is None and rank == 0:
-        try:
-            plan = prepare(embedder, **arguments)
-        except Exception as err:
-            if job is not None:
-                job.store.set("plan", json.dumps({"error": str(err)}))
-            raise
-        if job is not None:
-            job.store.set("plan", json.dumps(plan))
-    elif plan is None:
-        assert job is not None
-        plan = json.loads(job.store.get("plan").decode())
-        if "error" in plan:
-            raise ValueError(plan["error"])
+    if plan is None:
+        plan = _shared_plan(embedder, job, request, shard_sentences, identity)
     start = time.perf_counter()
-    folder, fmt = Path(output_path), PART_FORMATS[format]
+    folder = Path(request.output_path)
     names, total, pending = plan["names"], plan["lines"], plan["pending"]
-    split = line_splitter(tokenize, warn=rank == 0)
-    counts = {"sentences": 0, "tokens": 0, "empty": 0, "parts": 0, "lines": 0}
-
-    def add(key: str, amount: int) -> int:  # a counter of every process
-        if job is None:
-            counts[key] += amount
-            return counts[key]
-        return job.add(key, amount)
+    split = line_splitter(request.tokenize, warn=rank == 0)
+    counters = _Counters(job)
 
     def lines_of(first: int) -> int:
         return min(shard_sentences, total - first)
 
     todo = sum(lines_of(i * shard_sentences) for i in pending)
-    bar_context = progress_bar(progress and rank == 0, todo) if rank == 0 else nullcontext(None)
+    bar_context = progress_bar(request.progress and rank == 0, todo) if rank == 0 else nullcontext(None)
     with bar_context as bar:
-
-        def show(lines: int, tokens: int, parts: int) -> None:
-            if bar is None:
-                return
-            bar.update(lines - bar.n)
-            rate = tokens / max(time.perf_counter() - start, 1e-9)
-            skipped = f", {plan['skipped']} skipped" if plan["skipped"] else ""
-            bar.set_postfix_str(f"parts {plan['skipped'] + parts}/{len(names)}{skipped}, tok/s={rate:.0f}")
-
-        if bar is not None and plan["skipped"]:
-            bar.write(
-                f"resuming {folder}: {plan['skipped']} of {len(names)} parts done, skipped", file=sys.stderr
-            )
-        show(0, 0, 0)
-        source = iter(read_lines(input_path))
+        progress = _PartsProgress(bar, plan, start)
+        progress.resuming(folder)
+        progress.show(0, 0, 0)
+        source = iter(read_lines(request.input_path))
         consumed = 0  # lines read from the input so far
         for index in pending[rank::size]:
             first = index * shard_sentences
             count = lines_of(first)
             for _ in itertools.islice(source, first - consumed):  # to the part's first line
                 pass
-            consumed = first
-            name = names[index]
-            entry = {"name": name, "first_line": first, "lines": count, "sha256": None}
-            _update_part(folder, entry)  # claimed: a file of this name is the tool's from now on
-            # each part on its own: its encodings are computed within it, whatever ran before
-            embedder.bilm.token_encoder.clear_cache()
-            path = folder / name
-            lines = _part_lines(source, count, input_path)
-            tokens, empty = _write_part(
-                embedder, fmt, path, lines, first, split, layers, pooling, sentence_index
+            lines = _part_lines(source, count, request.input_path)
+            tokens, empty = _embed_part(embedder, request, folder, names[index], first, count, lines, split)
+            consumed = first + count
+            counters.add("sentences", count)
+            counters.add("empty", empty)
+            progress.show(
+                counters.add("lines", count), counters.add("tokens", tokens), counters.add("parts", 1)
             )
-            consumed += count
-            entry |= {"size": path.stat().st_size, "sha256": file_sha256(path)}
-            _update_part(folder, entry)
-            add("sentences", count)
-            add("empty", empty)
-            show(add("lines", count), add("tokens", tokens), add("parts", 1))
         if job is not None:
             job.add("finished", 1)
             if rank != 0:
                 return job.wait_for_merge()
             while job.add("finished", 0) < size:
-                show(add("lines", 0), add("tokens", 0), add("parts", 0))
+                progress.show(*counters.progress())
                 time.sleep(0.2)
-            show(add("lines", 0), add("tokens", 0), add("parts", 0))
+            progress.show(*counters.progress())
     summary = {
-        "sentences": add("sentences", 0),
-        "tokens": add("tokens", 0),
-        "empty": add("empty", 0),
+        "sentences": counters.add("sentences"),
+        "tokens": counters.add("tokens"),
+        "empty": counters.add("empty"),
         "seconds": time.perf_counter() - start,
         "output": str(folder),
         "processes": size,
@@ -503,6 +478,101 @@ def work(
     if job is not None:
         job.merged(result)
     return result
+
+
+def _shared_plan(
+    embedder: LineEmbedder,
+    job: _Job | None,
+    request: EmbedRequest,
+    shard_sentences: int,
+    identity: dict[str, Any],
+) -> dict[str, Any]:
+    """The run's plan: ``prepare``d by process 0 (or the one process), which passes it, or its
+    error, to torchrun's other processes through the store; they raise that error."""
+    if job is not None and job.rank != 0:
+        plan = json.loads(job.store.get("plan").decode())
+        if "error" in plan:
+            raise ValueError(plan["error"])
+        return plan
+    try:
+        plan = prepare(embedder, request, shard_sentences, identity)
+    except Exception as err:
+        if job is not None:
+            job.store.set("plan", json.dumps({"error": str(err)}))
+        raise
+    if job is not None:
+        job.store.set("plan", json.dumps(plan))
+    return plan
+
+
+class _Counters:
+    """The run's counts (sentences, tokens, empty lines, parts, lines): this process's, or with
+    a job every process's, kept in the store."""
+
+    def __init__(self, job: _Job | None) -> None:
+        self.job = job
+        self.counts: Counter[str] = Counter()
+
+    def add(self, key: str, amount: int = 0) -> int:
+        """Add ``amount`` to a count; returns its new value."""
+        if self.job is None:
+            self.counts[key] += amount
+            return self.counts[key]
+        return self.job.add(key, amount)
+
+    def progress(self) -> tuple[int, int, int]:
+        """(lines, tokens, parts) done so far."""
+        return self.add("lines"), self.add("tokens"), self.add("parts")
+
+
+@dataclass(frozen=True)
+class _PartsProgress:
+    """What the progress bar of process 0 shows (``bar`` None: the other processes, which show
+    nothing): the lines done, the parts done of all, the tokens a second since ``start``."""
+
+    bar: Any
+    plan: dict[str, Any]
+    start: float
+
+    def resuming(self, folder: Path) -> None:
+        """Say, above the bar, how many parts an earlier run finished."""
+        skipped, parts = self.plan["skipped"], len(self.plan["names"])
+        if self.bar is not None and skipped:
+            self.bar.write(f"resuming {folder}: {skipped} of {parts} parts done, skipped", file=sys.stderr)
+
+    def show(self, lines: int, tokens: int, parts: int) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(lines - self.bar.n)
+        rate = tokens / max(time.perf_counter() - self.start, 1e-9)
+        skipped = self.plan["skipped"]
+        shown = f", {skipped} skipped" if skipped else ""
+        self.bar.set_postfix_str(
+            f"parts {skipped + parts}/{len(self.plan['names'])}{shown}, tok/s={rate:.0f}"
+        )
+
+
+def _embed_part(
+    embedder: LineEmbedder,
+    request: EmbedRequest,
+    folder: Path,
+    name: str,
+    first: int,
+    count: int,
+    lines: Iterable[str],
+    split: Callable[[str], list[str]],
+) -> tuple[int, int]:
+    """One part of ``count`` lines from line ``first``: claimed in the manifest, embedded on its
+    own into its file, then recorded with its size and SHA-256. Returns (tokens, empty lines)."""
+    entry = {"name": name, "first_line": first, "lines": count, "sha256": None}
+    _update_part(folder, entry)  # claimed: a file of this name is the tool's from now on
+    # each part on its own: its encodings are computed within it, whatever ran before
+    embedder.bilm.token_encoder.clear_cache()
+    path = folder / name
+    tokens, empty = _write_part(embedder, request, path, lines, first, split)
+    entry |= {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    _update_part(folder, entry)
+    return tokens, empty
 
 
 def _part_lines(source: Iterator[str], count: int, input_path: str | os.PathLike) -> Iterator[str]:
@@ -516,16 +586,14 @@ def _part_lines(source: Iterator[str], count: int, input_path: str | os.PathLike
 
 def _write_part(
     embedder: LineEmbedder,
-    fmt: PartFormat,
+    request: EmbedRequest,
     path: Path,
     lines: Iterable[str],
     first_line: int,
     split: Callable[[str], list[str]],
-    layers: str,
-    pooling: str | None,
-    sentence_index: bool,
 ) -> tuple[int, int]:
     """Embed a part's lines into its file (atomically); returns (tokens, empty lines)."""
+    layers, pooling = request.layers, request.pooling
     texts: deque[tuple[str, list[str]]] = deque()  # lines read but not yet written, in order
     stats = [0, 0]
 
@@ -542,7 +610,7 @@ def _write_part(
             stats[0] += array.shape[1]
             stats[1] += array.shape[1] == 0
 
-    fmt.write(embedder, path, rows(), layers, pooling, sentence_index, first_line)
+    PART_FORMATS[request.format].write(embedder, request, path, rows(), first_line)
     return stats[0], stats[1]
 
 

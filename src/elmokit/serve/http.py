@@ -46,9 +46,10 @@ def refusal(status: int, message: str) -> bytes:
     ) + body
 
 
-class _HeadGuard:
-    """What both protocols share: the byte count and the clock of the request head being read.
-    A subclass says when a head is being read (``_in_head``) and feeds the parser (``_feed``)."""
+class _HeadGuard(asyncio.Protocol):
+    """What both protocols share: the byte count and the clock of the request head being read,
+    in front of uvicorn's protocol (the next class of a subclass's bases), which parses the
+    bytes that pass. A subclass says when a head is being read (``_in_head``)."""
 
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
@@ -64,7 +65,19 @@ class _HeadGuard:
         raise NotImplementedError
 
     def _feed(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Hand ``data`` to uvicorn's protocol, which parses it."""
+        super().data_received(data)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.clock = self.loop.call_later(self.head.timeout, self._too_slow)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._received(data)
 
     def _received(self, data: bytes) -> None:
         """Feed ``data`` to the parser, at most ``max_bytes`` of a head: past them, a 431."""
@@ -138,20 +151,6 @@ def _httptools_protocol() -> type:
         def _in_head(self) -> bool:
             return self.reading_head
 
-        def _feed(self, data: bytes) -> None:
-            HttpToolsProtocol.data_received(self, data)
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self.clock = self.loop.call_later(self.head.timeout, self._too_slow)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._lost()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            self._received(data)
-
         # the parser's callbacks: nothing more of a refused request reaches uvicorn or the app
         def on_url(self, url: bytes) -> None:
             if not self.refused:
@@ -201,20 +200,6 @@ def _h11_protocol() -> type:
 
         def _in_head(self) -> bool:
             return self.conn.their_state is h11.IDLE
-
-        def _feed(self, data: bytes) -> None:
-            H11Protocol.data_received(self, data)
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self.clock = self.loop.call_later(self.head.timeout, self._too_slow)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._lost()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            self._received(data)
 
     BoundedH11.__qualname__ = "BoundedH11"
     return BoundedH11

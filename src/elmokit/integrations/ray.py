@@ -25,6 +25,7 @@ its batch, so they equal the one-process Embedder's whatever the blocks, actors 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
@@ -139,30 +140,28 @@ def _ray_cpus() -> int | None:
 def embed_file(
     input_path: str | os.PathLike,
     output_path: str | os.PathLike,
-    model: str | os.PathLike | None = None,
-    layers: str = "all",
-    pooling: str | None = None,
-    mode: str | None = None,
-    dtype: str = "float32",
-    device: str | None = None,
-    batch_size: int = 64,
-    tokenize: bool = False,
+    *,
     overwrite: bool = False,
     workers: int = 2,
     address: str | None = None,
     num_gpus: float | None = None,
     progress: bool = True,
     format: str | None = None,
+    **embed_options: Any,
 ) -> EmbedSummary:
     """A file of sentences (a line each) -> a Parquet file, on Ray Data: ``read_text`` ->
     ``map_batches(EmbedBatches, concurrency=workers)`` -> rows streamed back in line order into
     OUTPUT, written as ``Embedder.embed_file`` writes it (a temporary file renamed when
-    complete; the same columns, index and vectors in warm and zero mode). ``address``: a
+    complete; the same columns, index and vectors in warm and zero mode). ``embed_options``
+    are the actors' ``EmbedBatches`` options ``model``, ``layers``, ``pooling``, ``mode``,
+    ``dtype``, ``device``, ``batch_size`` and ``tokenize``, with its defaults. ``address``: a
     running cluster's (``ray start --head``), else the one ``ray.init`` already connected to,
     else a local one. The workers read INPUT themselves (a path they can see: a shared folder
     on a cluster) and need the model where they run; OUTPUT is written by this process only.
     A worker that dies is restarted by Ray and its batch retried."""
+    options = _actor_options(embed_options)
     ray = require_ray()
+    model, layers, pooling, mode = options["model"], options["layers"], options["pooling"], options["mode"]
     if output_format(output_path, format) != "parquet":
         raise ValueError(f"--engine ray writes Parquet: name the output {Path(output_path).stem}.parquet")
     check_layers(layers, pooling)
@@ -185,7 +184,7 @@ def embed_file(
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # rows come back in line order
     context.enable_progress_bars = progress
-    chunk = 8 * batch_size  # as the Embedder batches: within chunks of 8 x batch_size lines
+    chunk = 8 * options["batch_size"]  # as the Embedder batches: within chunks of 8 x batch_size lines
     # the read takes no CPU of its own: the actors hold one each (N workers on N CPUs), and a
     # read waiting for a CPU that an idle actor holds would wait for ever
     dataset = ray.data.read_text(
@@ -199,16 +198,7 @@ def embed_file(
         remote["num_gpus"] = num_gpus
     dataset = dataset.map_batches(
         EmbedBatches,
-        fn_constructor_kwargs={
-            "model": None if model is None else os.fspath(model),
-            "layers": layers,
-            "pooling": pooling,
-            "mode": mode,
-            "dtype": dtype,
-            "device": device,
-            "batch_size": batch_size,
-            "tokenize": tokenize,
-        },
+        fn_constructor_kwargs={**options, "model": None if model is None else os.fspath(model)},
         batch_format="pyarrow",
         batch_size=chunk,
         concurrency=workers,
@@ -227,6 +217,19 @@ def embed_file(
     written = write_parquet_tables(output, overwrite, _checked(tables(), total, source), layout)
     _log.info("%s rows from %s workers -> %s", written, workers, output)
     return EmbedSummary(**stats, seconds=time.perf_counter() - start, output=str(output), processes=workers)
+
+
+_ACTOR_OPTIONS = ("model", "layers", "pooling", "mode", "dtype", "device", "batch_size", "tokenize")
+
+
+def _actor_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``embed_file``'s options of the actors' ``EmbedBatches``, each with its default when not
+    given; a TypeError for a name that is not one of them."""
+    for name in options:
+        if name not in _ACTOR_OPTIONS:
+            raise TypeError(f"embed_file() got an unexpected keyword argument {name!r}")
+    defaults = inspect.signature(EmbedBatches).parameters
+    return {name: options.get(name, defaults[name].default) for name in _ACTOR_OPTIONS}
 
 
 def _checked(tables: Iterator[Any], total: int, source: Path) -> Iterator[Any]:

@@ -3,6 +3,7 @@ a package of one layer, and docs/architecture.md names every module there is, an
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -44,8 +45,18 @@ def test_the_package_root_holds_only_its_entry_points_and_packages():
     packages = {p for p in folders if (PACKAGE / p / "__init__.py").is_file()}
     assert folders - packages == DATA_FOLDERS
     assert packages == {
-        "base", "hub", "model", "lm", "embed", "training", "serve", "probe",
-        "cli", "compat", "integrations", "tasks",
+        "base",
+        "hub",
+        "model",
+        "lm",
+        "embed",
+        "training",
+        "serve",
+        "probe",
+        "cli",
+        "compat",
+        "integrations",
+        "tasks",
     }
 
 
@@ -65,3 +76,22 @@ def test_the_layers_contract_has_one_entry_per_package_and_covers_every_package(
     top = {m.split(".")[0] for m in _modules()}
     assert sorted(placed) == sorted(top - {""})
     assert all("." not in name for name in placed)
+
+
+MAX_FUNCTION_LINES = 100
+
+
+def test_no_function_or_method_of_the_package_is_over_100_lines():
+    """Every function and method of the package, from its ``def`` to its last line (its
+    docstring included, its decorators not), is at most 100 lines: a longer one is split into
+    helpers of one idea each."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    where = path.relative_to(PACKAGE.parent).as_posix()
+                    offenders.append(f"{where}:{node.lineno} {node.name} ({lines} lines)")
+    assert offenders == [], f"functions over {MAX_FUNCTION_LINES} lines: {', '.join(offenders)}"

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .entries import is_cached, read_meta
+from .file_kinds import Expected
 from .shipped import MODELS_DIR, available_models
-from .transport import Expected, is_cached, read_meta
 
 __all__ = [
     "KNOWN_MODELS",

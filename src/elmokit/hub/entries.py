@@ -18,7 +18,6 @@ addresses share one key, see ``cache_key``) holding
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ from typing import Any
 
 from ..base.atomic import write_json
 from ..base.digests import file_digest
+from ..base.jsonfiles import read_json
 from .cache import cache_dir
 from .file_kinds import Expected, url_kind, wrong_kind
 
@@ -130,7 +130,7 @@ def read_meta(url: str) -> dict[str, Any] | None:
     record is not one elmokit wrote: another URL's, or a ``file`` that is not a plain name in
     the entry, such as ``../../secret.zip``)."""
     try:
-        meta = json.loads((entry_dir(url) / META).read_text(encoding="utf-8"))
+        meta = read_json(entry_dir(url) / META)
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or cache_key(str(meta.get("url"))) != cache_key(url):

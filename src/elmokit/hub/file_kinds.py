@@ -13,11 +13,12 @@ of zip, HDF5 and JSON a file is.
 from __future__ import annotations
 
 import codecs
-import json
 import urllib.parse
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..base.jsonfiles import read_json
 
 __all__ = ["CHUNK", "MAX_GZIP_RATIO", "Expected", "sniff", "url_kind", "wrong_kind"]
 
@@ -78,8 +79,8 @@ def wrong_kind(path: Path, kind: str | None) -> str | None:
         if size > 1 << 24:
             return f"not a JSON options file ({size:,} bytes)"
         try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, ValueError):
+            read_json(path)
+        except ValueError:
             return f"not a JSON file ({_begins(path)})"
         return None
     if kind == "gzip":

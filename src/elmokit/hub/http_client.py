@@ -35,7 +35,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import http.client
-import json
 import logging
 import os
 import re
@@ -56,6 +55,7 @@ from typing import Any
 
 from .._version import __version__
 from ..base.atomic import write_json
+from ..base.jsonfiles import read_json
 from . import file_kinds
 from .cache import ENV_CACHE
 from .entries import ChecksumError, DownloadError, file_name, record
@@ -118,7 +118,7 @@ def _resume_point(part: Path, state: Path, url: str) -> _Resume | None:
     another URL, no validator from the server for If-Range (resuming could splice two versions
     of the file), or a part that is shorter than its checkpoint or no longer matches it."""
     try:
-        saved = json.loads(state.read_text(encoding="utf-8"))
+        saved = read_json(state)
         # the bytes after the checkpoint (those of the last seconds before a kill) are unchecked
         checked = (saved.get("checked") if isinstance(saved, dict) else None) or [0, None]
         usable = (

@@ -24,7 +24,7 @@ gzip-encoded body is decoded (another encoding is refused), a server that sends 
 ``MIN_RATE`` bytes/s for ``RATE_WINDOW`` s or no complete answer within ``HEADER_DEADLINE`` s is
 given up, and a redirect is followed only to http or https, at most ``MAX_REDIRECTS`` times.
 
-The transport is the standard library's urllib (it keeps proxies and certificates as Python
+The client is the standard library's urllib (it keeps proxies and certificates as Python
 configures them), with three handlers of its own: the redirect rules above, a one-line error
 for a loop, and connections that hand their socket to a watchdog, since urllib's timeout is per
 read and a server that drips one byte every few seconds would otherwise never be cut.

@@ -34,7 +34,7 @@ from elmokit.compat.allennlp import (
     batch_to_ids,
     remove_sentence_boundaries,
 )
-from elmokit.hub.transport import OfflineError, entry_dir
+from elmokit.hub.entries import OfflineError, entry_dir
 
 from .conftest import FIXTURES, TINY
 

@@ -18,7 +18,7 @@ import pytest
 
 from elmokit.base.task_data import read_conllu, read_sst
 from elmokit.cli import main
-from elmokit.hub import datasets, transport
+from elmokit.hub import datasets, entries, file_kinds
 from elmokit.hub.datasets import DATA_SETS, SAMPLES_DIR, SOURCE_NOTE, DataFile, DataSet, Download
 from elmokit.probe import read_tagged
 
@@ -215,7 +215,7 @@ def _use(monkeypatch, data_set: DataSet) -> None:
 
 
 def _cached(srv: _Server, path: str) -> list[str]:
-    entry = transport.entry_dir(srv.url(path))
+    entry = entries.entry_dir(srv.url(path))
     return sorted(p.name for p in entry.iterdir() if p.name != ".lock") if entry.exists() else []
 
 
@@ -298,7 +298,7 @@ def test_a_cached_download_that_changed_is_noticed_and_fetched_again_with_force(
     _use(monkeypatch, _toy(server))
     folder = tmp_path / "toy"
     assert main(["data", "fetch", "toy", str(folder), "--quiet"]) == 0
-    cached = transport.entry_dir(server.url("/d/a.txt")) / "a.txt"
+    cached = entries.entry_dir(server.url("/d/a.txt")) / "a.txt"
     cached.write_bytes(TEXT.upper())  # the same size, other bytes
     capsys.readouterr()
     assert main(["data", "fetch", "toy", str(folder), "--overwrite", "--quiet"]) == 2
@@ -324,7 +324,7 @@ def test_offline_fetch_says_what_to_do(server, monkeypatch, tmp_path, capsys):
 
 def test_the_data_file_kinds_of_the_transport(tmp_path):
     """gzip: whole and not cut; text: UTF-8 and not an HTML page."""
-    check = transport._wrong_kind
+    check = file_kinds.wrong_kind
     path = tmp_path / "f"
     path.write_bytes(GZ)
     assert check(path, "gzip") is None

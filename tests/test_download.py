@@ -25,15 +25,9 @@ import torch
 from elmokit import BiLM, batch_to_ids, resolve_model
 from elmokit.cli import main
 from elmokit.hub.archives import ArchiveError
-from elmokit.hub.transport import (
-    ChecksumError,
-    DownloadError,
-    Expected,
-    OfflineError,
-    cached_file,
-    entry_dir,
-    fetch,
-)
+from elmokit.hub.entries import ChecksumError, DownloadError, OfflineError, cached_file, entry_dir
+from elmokit.hub.file_kinds import Expected
+from elmokit.hub.transport import fetch
 
 from .conftest import TINY, LocalServer, running
 
@@ -259,11 +253,11 @@ def test_a_cached_file_that_changed_is_noticed(server):
 def test_a_full_disk_is_one_line(server, monkeypatch):
     import shutil as real_shutil
 
-    from elmokit.hub import transport
+    from elmokit.hub import http_client
 
     url = server.url("/big.zip")
     monkeypatch.setattr(
-        transport.shutil, "disk_usage", lambda path: real_shutil._ntuple_diskusage(10**9, 10**9, 1000)
+        http_client.shutil, "disk_usage", lambda path: real_shutil._ntuple_diskusage(10**9, 10**9, 1000)
     )
     with pytest.raises(
         DownloadError, match=rf"^disk full: {url} needs 300,000 more bytes but \S+ has 1,000 free"

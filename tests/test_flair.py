@@ -17,7 +17,7 @@ from flair.trainers import ModelTrainer  # noqa: E402
 
 from elmokit.compat import install_allennlp_modules, uninstall_allennlp_modules  # noqa: E402
 from elmokit.compat.allennlp import ElmoEmbedder  # noqa: E402
-from elmokit.hub.transport import OfflineError  # noqa: E402
+from elmokit.hub.entries import OfflineError  # noqa: E402
 from elmokit.integrations.flair import ELMoEmbeddings  # noqa: E402
 
 from .conftest import FIXTURES  # noqa: E402

@@ -22,9 +22,10 @@ import pytest
 
 from elmokit import resolve_model
 from elmokit.cli import main
-from elmokit.hub import archives, registry, transport
+from elmokit.hub import archives, file_kinds, http_client, registry
 from elmokit.hub.archives import ArchiveError, unpack_zip
-from elmokit.hub.transport import ChecksumError, DownloadError, entry_dir, fetch, is_cached
+from elmokit.hub.entries import ChecksumError, DownloadError, entry_dir, is_cached
+from elmokit.hub.transport import fetch
 
 from .conftest import TINY, LocalServer, running
 
@@ -214,7 +215,7 @@ def test_a_resume_of_a_changed_file_is_not_spliced_where_the_server_ignores_if_r
 
 
 def test_a_gzip_bomb_body_is_refused(server, monkeypatch):
-    monkeypatch.setattr(transport, "MAX_GZIP_RATIO", 10, raising=False)
+    monkeypatch.setattr(file_kinds, "MAX_GZIP_RATIO", 10, raising=False)
     body = gzip.compress(b"PK\x03\x04" + b"\0" * (8 << 20))
     server.routes["/bomb.zip"] = lambda h: h.serve(body, extra={"Content-Encoding": "gzip"})
     url = server.url("/bomb.zip")
@@ -330,9 +331,9 @@ def _drip(body: bytes, headers_too: bool = False) -> Callable[[_Handler], None]:
 
 @pytest.mark.parametrize("headers_too", [False, True])
 def test_a_server_that_drips_bytes_is_cut(server, monkeypatch, capsys, headers_too):
-    monkeypatch.setattr(transport, "RATE_WINDOW", 0.5, raising=False)
-    monkeypatch.setattr(transport, "MIN_RATE", 1000, raising=False)
-    monkeypatch.setattr(transport, "HEADER_DEADLINE", 1.0, raising=False)
+    monkeypatch.setattr(http_client, "RATE_WINDOW", 0.5, raising=False)
+    monkeypatch.setattr(http_client, "MIN_RATE", 1000, raising=False)
+    monkeypatch.setattr(http_client, "HEADER_DEADLINE", 1.0, raising=False)
     body = b'{"lstm": {"dim": 16}, "padding": "' + b"p" * 100 + b'"}'
     server.routes["/slow/options.json"] = _drip(body, headers_too)
     url = server.url("/slow/options.json")
@@ -429,7 +430,7 @@ def test_a_full_disk_while_resuming_is_one_line(server, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(transport, "write_json", full)
+    monkeypatch.setattr(http_client, "write_json", full)
     assert main(["download", url]) == 2
     assert _error(capsys) == (
         f"disk full: no space left in {entry_dir(url)} for {url}; free some space or set ELMOKIT_CACHE "

@@ -10,8 +10,8 @@ import pytest
 from elmokit import BiLM, resolve_model
 from elmokit.compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE
 from elmokit.hub import model_files
+from elmokit.hub.entries import OfflineError, cache_key, entry_dir, is_url
 from elmokit.hub.registry import KNOWN_MODELS, find
-from elmokit.hub.transport import OfflineError, cache_key, entry_dir, is_url
 
 from .conftest import TINY
 

@@ -18,13 +18,14 @@ counted): what they refuse could never run here; what they accept may still be t
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from . import jsonfiles
+from .jsonfiles import JsonLimits
 
 __all__ = [
     "FALLBACK_MEMORY_BYTES",
@@ -74,10 +75,10 @@ FALLBACK_MEMORY_BYTES = 64 << 30
 MAX_JSON_BYTES = 1 << 20  # options.json is under 1 KB
 MAX_JSON_DEPTH = 32  # options.json nests 3 deep
 MAX_JSON_DIGITS = 4000  # longer integers are refused while parsing (Python reads up to 4300)
+_JSON_LIMITS = JsonLimits(MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_JSON_DIGITS)
 MAX_HDF5_OBJECTS = 10_000  # the largest model within the ceilings has under 2,000
 
 FLOAT_BYTES = 4  # parameters and activations are float32
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 class _CharSizes(Protocol):
@@ -339,59 +340,10 @@ def check_training_size(
 
 
 # -- JSON model files ----------------------------------------------------------------------------
-class _TooLong(Exception):
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-
-def _parse_int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_JSON_DIGITS:
-        raise _TooLong(digits)
-    return int(text)
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def _depth(text: str) -> int:
-    """How deep arrays and objects nest in JSON ``text`` (brackets inside strings not counted)."""
-    depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub('""', text)):
-        depth += 1 if match.group() in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
 def read_json(path: str | Path, error: type[ValueError] = ValueError, what: str = "JSON file") -> Any:
-    """A small JSON model file (options.json, an ELMoForManyLangs config), checked before it is
-    parsed: at most ``MAX_JSON_BYTES``, UTF-8 (a UTF-8 byte-order mark is allowed), nested at
-    most ``MAX_JSON_DEPTH`` deep, no integer longer than ``MAX_JSON_DIGITS`` digits. Every
-    problem is one ``error`` naming the file and the cause (``what`` names a missing file)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
-    with open(path, "rb") as f:
-        data = f.read(MAX_JSON_BYTES + 1)
-    if len(data) > MAX_JSON_BYTES:
-        raise error(f"{path}: larger than {MAX_JSON_BYTES:,} bytes; model settings in JSON are far smaller")
-    if data.startswith(_HDF5_SIGNATURE):
-        raise error(f"{path}: an HDF5 file (a weight file?), not JSON")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
-        raise error(f"{path}: UTF-16 or binary, not JSON in UTF-8")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise error(
-            f"{path}: not UTF-8 (byte {err.start} is {data[err.start]:#04x}: Latin-1 or another "
-            "encoding?); JSON files must be UTF-8"
-        ) from None
-    if _depth(text) > MAX_JSON_DEPTH:
-        raise error(f"{path}: JSON nested more than {MAX_JSON_DEPTH} deep; model settings nest a few levels")
-    try:
-        return json.loads(text, parse_int=_parse_int)
-    except _TooLong as err:
-        raise error(f"{path}: holds an integer of {err.digits:,} digits; no field takes one") from None
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise error(f"{path}: not valid JSON ({err})") from None
+    """A small JSON model file (options.json, an ELMoForManyLangs config), read with the ceilings
+    (``elmokit.base.jsonfiles.read_json`` with them as its limits): at most ``MAX_JSON_BYTES``,
+    UTF-8 (a UTF-8 byte-order mark is allowed), nested at most ``MAX_JSON_DEPTH`` deep, no
+    integer longer than ``MAX_JSON_DIGITS`` digits. Every problem is one ``error`` naming the
+    file and the cause (``what`` names a missing file)."""
+    return jsonfiles.read_json(path, error, what, _JSON_LIMITS)

@@ -1497,15 +1497,16 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
 def probe_plot_command(args: argparse.Namespace) -> int:
     """Draw saved probe records (``elmokit probe --json``) into one PNG."""
     from ..base.atomic import check_output
+    from ..base.jsonfiles import read_json
     from ..probe.plot import plot_probes
 
     check_output(args.out, args.overwrite, args.records)
     records = []
     for path in args.records:
         try:
-            record = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not JSON: {err}") from None
+            record = read_json(path)
+        except ValueError as err:  # its one line names the file
+            raise ValueError(f"a probe record is not JSON: {err}") from None
         if not isinstance(record, dict) or not {"layers", "metric"} <= record.keys():
             raise ValueError(f"{path} is not a record written by elmokit probe --json")
         records.append(record)

@@ -44,7 +44,7 @@ from ..base.atomic import check_output
 from ..base.textfiles import count_lines, read_lines
 from ..embed.embedder import evaluating
 from ..embed.vectors_file import output_array, write_vectors
-from ..hub.transport import sniff
+from ..hub.file_kinds import sniff
 from ..model.bilm import BiLM, BiLMOutput, CarriedState
 from ..model.characters import (
     BEGIN_OF_SENTENCE_CHAR,

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ..hub import resolve_file, resolve_model
-from ..hub.transport import sniff
+from ..hub.file_kinds import sniff
 from ..model.bilm import BiLM
 
 __all__ = ["load_bilm", "resolve_model_file"]

@@ -70,7 +70,6 @@ writes them from a training run) instead of a TensorFlow checkpoint, takes every
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -80,6 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..base.jsonfiles import read_json
 from ..embed.embedder import evaluating
 from ..hub import resolve_model
 from ..lm.language_model import LanguageModel
@@ -354,9 +354,7 @@ class ElmoModel:
             self.lm = lm
         else:
             try:  # what simple_elmo checks in the file itself (elmokit reads 261 as 262)
-                n_characters = json.loads(Path(options_file).read_text(encoding="utf-8"))["char_cnn"][
-                    "n_characters"
-                ]
+                n_characters = read_json(options_file, what="options file")["char_cnn"]["n_characters"]
             except (ValueError, KeyError, TypeError):
                 n_characters = None  # BiLM.load names what is wrong
             if n_characters == 261:

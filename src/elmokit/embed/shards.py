@@ -43,6 +43,8 @@ import numpy as np
 
 from ..base.atomic import check_output, remove_leftovers, write_json
 from ..base.devices import this_process
+from ..base.digests import file_digest
+from ..base.jsonfiles import read_json
 from ..base.textfiles import count_lines, line_splitter, read_lines
 from ..model.weights import open_hdf5
 from ._multiprocess_embed import EmbedRequest, LineEmbedder, _Job, progress_bar
@@ -73,7 +75,6 @@ OPTIONS = {
     "tokenize": "tokenize",
     "sentence_index": "sentence_index (--no-sentence-index)",
 }
-_HASH_BLOCK = 1 << 20
 _log = logging.getLogger(__name__)
 
 
@@ -148,19 +149,11 @@ def part_name(index: int, total: int, suffix: str) -> str:
 
 
 # -- identities ---------------------------------------------------------------------------------
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def model_identity(embedder: LineEmbedder) -> dict[str, Any]:
     """The model's files (name, size, SHA-256); a model built in memory: its tensors' SHA-256."""
     if embedder.source_files:
         files = [
-            {"name": path.name, "size": path.stat().st_size, "sha256": file_sha256(path)}
+            {"name": path.name, "size": path.stat().st_size, "sha256": file_digest(path)}
             for path in embedder.source_files
         ]
         return {"files": files}
@@ -184,10 +177,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no {MANIFEST}: it is not a sharded output")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not an elmokit manifest ({err})") from None
+    manifest = read_json(path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f'{path} is not an elmokit manifest (no "format": "{FORMAT}")')
     if manifest.get("version") != VERSION:
@@ -312,7 +302,7 @@ def _header(
         "input": {
             "name": Path(input_path).name,
             "size": os.path.getsize(input_path),
-            "sha256": file_sha256(input_path),
+            "sha256": file_digest(input_path),
             "lines": total,
         },
         "part_format": request.format,
@@ -350,7 +340,7 @@ def _verified_parts(folder: Path, old: dict[str, Any]) -> list[dict[str, Any]]:
         path = folder / part["name"]
         if part.get("sha256") is None:
             continue  # begun, never finished: embedded again
-        if path.is_file() and not path.is_symlink() and file_sha256(path) == part["sha256"]:
+        if path.is_file() and not path.is_symlink() and file_digest(path) == part["sha256"]:
             kept.append(part)
         else:
             why = "is missing" if not os.path.lexists(path) else "does not match its sha256 in the manifest"
@@ -570,7 +560,7 @@ def _embed_part(
     embedder.bilm.token_encoder.clear_cache()
     path = folder / name
     tokens, empty = _write_part(embedder, request, path, lines, first, split)
-    entry |= {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    entry |= {"size": path.stat().st_size, "sha256": file_digest(path)}
     _update_part(folder, entry)
     return tokens, empty
 
@@ -632,6 +622,6 @@ def read_shards(folder: str | os.PathLike, verify: bool = True) -> Iterator[np.n
     layers, pooling = manifest["options"]["layers"], manifest["options"]["pooling"]
     for part in parts:
         path = folder / part["name"]
-        if verify and file_sha256(path) != part["sha256"]:
+        if verify and file_digest(path) != part["sha256"]:
             raise ValueError(f"{path} does not match its sha256 in the manifest")
         yield from fmt.read(path, part["lines"], layers, pooling)

@@ -2,14 +2,17 @@
 http(s) URL, ``hf://owner/name[@revision]``) -> its local files, through one resolver and one
 cache folder. The hub reads no model: building one is ``BiLM.from_pretrained``'s part.
 
-Modules: ``cache`` (the cache folder, offline mode), ``transport`` (plain URLs), ``hf`` (the
-Hugging Face Hub), ``archives`` (.zip checked and unpacked), ``registry`` (the known models, as
-data), ``shipped`` (the models in the package, the default model), ``resolve`` (the resolver),
-``datasets`` (a data set's name -> its verified local files, as a spec is for a model).
+Modules: ``cache`` (the cache folder, offline mode), ``transport`` (plain URLs: ``fetch``, over
+``entries``, the cache entry of a URL, ``http_client``, the transfer, and ``file_kinds``, what
+kind of file a download must be), ``hf`` (the Hugging Face Hub), ``archives`` (.zip checked and
+unpacked), ``registry`` (the known models, as data), ``shipped`` (the models in the package, the
+default model), ``resolve`` (the resolver), ``datasets`` (a data set's name -> its verified local
+files, as a spec is for a model).
 """
 
 from .archives import ArchiveError
 from .cache import ENV_CACHE, ENV_OFFLINE, cache_dir, offline
+from .entries import ChecksumError, DownloadError, OfflineError, is_url
 from .hf import is_hf_spec
 from .registry import KnownModel, find, known_models
 from .resolve import (
@@ -30,7 +33,6 @@ from .shipped import (
     available_models,
     refuse_package_path,
 )
-from .transport import ChecksumError, DownloadError, OfflineError, is_url
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -1,7 +1,7 @@
 """The one cache folder of elmokit, and whether the network may be used.
 
 Everything elmokit downloads or derives lives under ``cache_dir()``: ``downloads/`` (one entry
-per URL, see ``elmokit.hub.transport``), ``archives/`` (local .zip archives, unpacked), ``hf/``
+per URL, see ``elmokit.hub.entries``), ``archives/`` (local .zip archives, unpacked), ``hf/``
 (Hugging Face Hub snapshots) and ``task-layers/`` (``elmokit.tasks``' cached biLM layers).
 """
 

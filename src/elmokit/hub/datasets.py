@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..base.atomic import atomic_path, check_outputs_in
-from . import transport
 from .archives import ArchiveError, check_zip
-from .cache import ENV_OFFLINE
+from .cache import ENV_OFFLINE, offline
+from .entries import ChecksumError, OfflineError, cached_file, entry_dir, normalize_url
+from .file_kinds import Expected
 from .shipped import PACKAGE_DIR, refuse_package_path
+from .transport import fetch
 
 __all__ = [
     "DATA_SETS",
@@ -59,7 +61,7 @@ _CHUNK = 1 << 20
 @dataclass(frozen=True)
 class Download:
     """A file as its publisher serves it, and what is known of it before it is downloaded:
-    ``kind`` is what ``elmokit.hub.transport`` checks it to be ("text", "gzip" or "zip")."""
+    ``kind`` is what ``elmokit.hub.file_kinds`` checks it to be ("text", "gzip" or "zip")."""
 
     url: str
     kind: str
@@ -68,8 +70,8 @@ class Download:
     size: int | None = None
 
     @property
-    def expected(self) -> transport.Expected:
-        return transport.Expected(size=self.size, sha256=self.sha256, md5=self.md5, kind=self.kind)
+    def expected(self) -> Expected:
+        return Expected(size=self.size, sha256=self.sha256, md5=self.md5, kind=self.kind)
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,7 @@ def fetch_data(
     (see the module docstring); returns the files written. ``force`` downloads again what is in
     the download cache. Raises ValueError (an unknown name, a data set elmokit cannot download),
     FileExistsError (a file in ``folder`` without ``overwrite``) or
-    ``elmokit.hub.transport.DownloadError``, each with a one-line message; on any error no file
+    ``elmokit.hub.entries.DownloadError``, each with a one-line message; on any error no file
     in ``folder`` is written or changed."""
     data_set = find_data_set(name)
     if not data_set.files:
@@ -299,18 +301,18 @@ def _download(data_set: DataSet, download: Download, force: bool, progress: bool
     again = f"run `elmokit data fetch {data_set.name} DIR --force` to download it again"
     if not force:
         try:
-            cached = transport.cached_file(download.url, download.expected)
-        except transport.ChecksumError as err:
-            raise transport.ChecksumError(str(err).split("; run `", 1)[0] + f"; {again}") from None
+            cached = cached_file(download.url, download.expected)
+        except ChecksumError as err:
+            raise ChecksumError(str(err).split("; run `", 1)[0] + f"; {again}") from None
         if cached is not None:
             return cached
-    if transport.offline():
+    if offline():
         where = "again" if force else "(it is not in the download cache)"
-        raise transport.OfflineError(
+        raise OfflineError(
             f"{ENV_OFFLINE}=1 forbids downloading {download.url} {where}: unset {ENV_OFFLINE}, or "
             f"take the shipped sample (`elmokit data sample {data_set.name} DIR`)"
         )
-    return transport.fetch(download.url, download.expected, force=force, progress=progress)
+    return fetch(download.url, download.expected, force=force, progress=progress)
 
 
 def _make(data_set: DataSet, data_file: DataFile, source: Path, out: Path) -> None:
@@ -326,13 +328,13 @@ def _make(data_set: DataSet, data_file: DataFile, source: Path, out: Path) -> No
                 sink.write(chunk)
     except _Damaged as err:
         _forget(url)
-        raise transport.ChecksumError(
+        raise ChecksumError(
             f"{url}: cannot make {data_file.name} from it ({err}); it was removed from the download "
             "cache, and nothing was written"
         ) from None
     if data_file.sha256 is not None and digest.hexdigest() != data_file.sha256:
         _forget(url)
-        raise transport.ChecksumError(
+        raise ChecksumError(
             f"{url}: {data_file.name} made from it has sha256 {digest.hexdigest()}, not "
             f"{data_file.sha256} ({data_set.verified}); it was removed from the download cache, "
             "and nothing was written"
@@ -367,7 +369,7 @@ def _chunks(source: Path, data_file: DataFile) -> Iterator[bytes]:
 
 def _forget(url: str) -> None:
     """Remove ``url``'s entry from the download cache."""
-    shutil.rmtree(transport.entry_dir(transport.normalize_url(url)), ignore_errors=True)
+    shutil.rmtree(entry_dir(normalize_url(url)), ignore_errors=True)
 
 
 def _size(size: int) -> str:

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from .cache import ENV_OFFLINE, cache_dir, offline
-from .transport import DownloadError, OfflineError
+from .entries import DownloadError, OfflineError
 
 __all__ = ["HF_SCHEME", "HfSpec", "is_hf_spec", "parse_hf_spec", "snapshot"]
 

@@ -29,13 +29,14 @@ Sources (each entry's ``source`` names its own):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..base.jsonfiles import read_json
+from .entries import is_cached, read_meta
+from .file_kinds import Expected
 from .shipped import MODELS_DIR, available_models
-from .transport import Expected, is_cached, read_meta
 
 __all__ = [
     "KNOWN_MODELS",
@@ -395,7 +396,7 @@ def model_rows() -> list[dict[str, Any]]:
 def _shipped_dims(options_file: Path) -> int:
     """The size of one layer's vectors of a shipped model (2 * projection_dim), read from its
     options.json (shipped with the package: trusted, checked by the tests)."""
-    options = json.loads(options_file.read_text(encoding="utf-8"))
+    options = read_json(options_file)
     return 2 * int(options["lstm"]["projection_dim"])
 
 

@@ -21,18 +21,21 @@ A model can be given as
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import hf, transport
+from ..base.digests import file_digest
+from . import hf
 from .archives import UNPACKED, ArchiveError, unpack_zip
 from .cache import ENV_CACHE, cache_dir
+from .entries import again_hint, is_url
+from .file_kinds import Expected, sniff
 from .registry import KnownModel, find
 from .shipped import DEFAULT_MODEL, MODELS_DIR, available_models
+from .transport import fetch
 
 __all__ = [
     "ModelSource",
@@ -129,7 +132,7 @@ def resolve_model(
     text = _text(spec)
     if hf.is_hf_spec(text):
         return _from_folder(hf.snapshot(text), text, "hf")
-    if transport.is_url(text):
+    if is_url(text):
         return _from_url(text, progress)
     path = Path(text).expanduser()
     if path.is_dir():
@@ -157,9 +160,9 @@ def resolve_file(path_or_url: str | os.PathLike, what: str, *, progress: bool | 
     """One model file (``what``: "options file" or "weight file"): a local path that must be an
     existing file, or a URL, downloaded into the cache (checked to be JSON or HDF5)."""
     text = _text(path_or_url)
-    if transport.is_url(text):
+    if is_url(text):
         kind = {"options file": "json", "weight file": "hdf5"}.get(what)
-        return transport.fetch(text, transport.Expected(kind=kind), progress=progress)
+        return fetch(text, Expected(kind=kind), progress=progress)
     path = Path(text).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{what} not found: {path}")
@@ -180,18 +183,18 @@ def download_model(
     if hf.is_hf_spec(spec):
         source = _from_folder(hf.snapshot(spec, force=force), spec, "hf")
         return [f"{spec} -> {source.folder}"], source
-    known = None if transport.is_url(spec) else find(spec)
-    if known is None and not transport.is_url(spec):
+    known = None if is_url(spec) else find(spec)
+    if known is None and not is_url(spec):
         raise ValueError(
             f"{spec!r} is neither a known model, a URL nor hf://owner/name; `elmokit models` lists "
             "the known models"
         )
     # a URL's file must be of the kind its name says (a .zip a readable archive; a name without
     # a suffix one of zip, HDF5, JSON): fetch checks it before it is cached
-    urls = [(f.url, f.expected) for f in known.files] if known else [(spec, transport.Expected())]
+    urls = [(f.url, f.expected) for f in known.files] if known else [(spec, Expected())]
     name = known.name if known else None
-    paths = [transport.fetch(u, e, force=force, progress=progress, name=name) for u, e in urls]
-    if known is None and transport.sniff(paths[0]) != "zip":
+    paths = [fetch(u, e, force=force, progress=progress, name=name) for u, e in urls]
+    if known is None and sniff(paths[0]) != "zip":
         return [f"{spec} -> {paths[0]}"], None
     source = resolve_model(spec, progress=progress)  # unpacks an archive
     name = name or spec
@@ -213,22 +216,18 @@ def _from_url(url: str, progress: bool | None) -> ModelSource:
         raise ValueError(f"{url} is an options file: give its weight file too (--options and --weights)")
     if suffix.endswith((".hdf5", ".h5")):
         raise ValueError(f"{url} is a weight file: give its options file too (--options and --weights)")
-    path = transport.fetch(url, progress=progress)
-    found = transport.sniff(path)
+    path = fetch(url, progress=progress)
+    found = sniff(path)
     if found != "zip":
         kinds: dict[str | None, str] = {"json": "an options file", "hdf5": "an HDF5 weight file"}
         what = kinds.get(found, "not a model archive")
         raise ValueError(f"{url} is {what}; give a .zip model archive, or --options and --weights")
-    return _from_archive(path, url, "url", path.parent / UNPACKED, again=transport.again_hint(url))
+    return _from_archive(path, url, "url", path.parent / UNPACKED, again=again_hint(url))
 
 
 def _from_local_file(path: Path, text: str) -> ModelSource:
-    if transport.sniff(path) == "zip":
-        key = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(transport.CHUNK), b""):
-                key.update(chunk)
-        target = cache_dir() / "archives" / key.hexdigest()[:32] / UNPACKED
+    if sniff(path) == "zip":
+        target = cache_dir() / "archives" / file_digest(path)[:32] / UNPACKED
         return _from_archive(path, text, "archive", target)
     with open(path, "rb") as f:
         head = f.read(4)
@@ -265,14 +264,14 @@ def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> Model
         _warn_lemmatized(known.name)
     archive = known.archive
     if archive is not None:
-        path = transport.fetch(archive.url, archive.expected, progress=progress, name=known.name)
+        path = fetch(archive.url, archive.expected, progress=progress, name=known.name)
         return _from_archive(
             path,
             spec,
             "registry",
             path.parent / UNPACKED,
             name=known.name,
-            again=transport.again_hint(archive.url, known.name),
+            again=again_hint(archive.url, known.name),
         )
     options, weights = (known.file(role) for role in ("options", "weights"))
     return ModelSource(
@@ -280,8 +279,8 @@ def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> Model
         origin="registry",
         kind="bilm",
         folder=None,
-        options_file=transport.fetch(options.url, options.expected, progress=progress, name=known.name),
-        weight_file=transport.fetch(weights.url, weights.expected, progress=progress, name=known.name),
+        options_file=fetch(options.url, options.expected, progress=progress, name=known.name),
+        weight_file=fetch(weights.url, weights.expected, progress=progress, name=known.name),
         name=known.name,
     )
 

@@ -27,7 +27,6 @@ train_config.json holds the run's configuration without its save dir: a save dir
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -40,6 +39,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from ..base import jsonfiles
 from ..base.atomic import atomic_path, write_json, write_text
 from ..base.atomic import remove_leftovers as remove_temporary_files
 from ..base.digests import file_digest
@@ -103,16 +103,9 @@ class CheckpointError(ValueError):
 
 
 def read_json(path: Path) -> Any:
-    """The JSON value of a save dir's file; a file that is not JSON is a CheckpointError that
-    names it and the cause."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{path}: not a JSON file (its bytes are not UTF-8 text)") from None
-    except json.JSONDecodeError as err:
-        raise CheckpointError(
-            f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
-        ) from None
+    """The JSON value of a save dir's file (``elmokit.base.jsonfiles.read_json``); a file that
+    is not JSON is a CheckpointError that names it and the cause."""
+    return jsonfiles.read_json(path, CheckpointError, path.name)
 
 
 def checkpoint_name(step: int) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from ..base.atomic import atomic_path, check_outputs_in, disk_full_reason, write_bytes, write_json
+from ..base.jsonfiles import read_json
 from ..base.task_data import (
     from_bioes,
     iob1_to_bioes,
@@ -778,7 +778,7 @@ class TrainedTask:
         from safetensors.torch import load_file
 
         folder = Path(out_dir)
-        saved = json.loads((folder / "model.json").read_text(encoding="utf-8"))
+        saved = read_json(folder / "model.json", what="task model file")
         if saved.get("format") == "elmokit-task-model-v1":
             raise ValueError(
                 f"{folder / 'model.json'} is a task model of an earlier elmokit "

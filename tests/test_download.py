@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import zipfile
@@ -387,6 +388,67 @@ def test_a_zip_bomb_is_refused(tmp_path):
         ArchiveError, match=r"member 'model.hdf5' claims 8,388,608 bytes from [\d,]+ compressed"
     ):
         resolve_model(path)
+
+
+def _bad_tar(tmp_path: Path, name: str, kind: bytes, mode: str = "w:gz") -> Path:
+    path = tmp_path / f"bad{len(list(tmp_path.glob('bad*')))}.tar.gz"
+    with tarfile.open(path, mode) as archive:
+        info = tarfile.TarInfo("options.json")
+        info.size = len(OPTIONS)
+        archive.addfile(info, io.BytesIO(OPTIONS))
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        info.linkname = "options.json" if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
+        info.size = 10 if kind == tarfile.REGTYPE else 0
+        archive.addfile(info, io.BytesIO(b"x" * 10) if kind == tarfile.REGTYPE else None)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("member", "kind", "message"),
+    [
+        ("../evil", tarfile.REGTYPE, "leads outside the archive's folder ('..'); refused"),
+        ("/abs/evil", tarfile.REGTYPE, "has an absolute path; refused"),
+        ("link", tarfile.SYMTYPE, "is a symbolic link; refused"),
+        ("link", tarfile.LNKTYPE, "is a hard link; refused"),
+        ("dev", tarfile.CHRTYPE, "is not a regular file or folder; refused"),
+        ("fifo", tarfile.FIFOTYPE, "is not a regular file or folder; refused"),
+        ("options.json", tarfile.REGTYPE, "appears twice; refused"),
+        ("options.json/x", tarfile.REGTYPE, None),
+    ],
+)
+def test_tars_that_escape_or_deceive_are_refused(tmp_path, monkeypatch, member, kind, message):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ELMOKIT_CACHE", str(cache))
+    archive = _bad_tar(tmp_path, member, kind)
+    with pytest.raises(ArchiveError) as err:
+        resolve_model(archive)
+    if message is None:  # a file used as a folder
+        assert str(err.value) == (
+            f"{archive}: member 'options.json' is a file but {member!r} uses it as a folder; refused"
+        )
+    else:
+        assert str(err.value) == f"{archive}: member {member!r} {message}"
+    assert not list(tmp_path.parent.rglob("*evil*")) and not cache.exists()  # nothing was unpacked
+
+
+def test_tar_archives_of_each_compression_load_and_a_cut_one_is_refused(server, tmp_path):
+    members = {"slovenian/options.json": OPTIONS, "slovenian/slovenian-elmo-weights.hdf5": WEIGHTS}
+    expected = _layers(BiLM.from_pretrained(TINY))
+    for suffix, mode in ((".tar", "w"), (".tar.gz", "w:gz"), (".tar.bz2", "w:bz2"), (".tar.xz", "w:xz")):
+        path = tmp_path / f"model{suffix}"
+        with tarfile.open(path, mode) as archive:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+        assert torch.equal(_layers(BiLM.from_pretrained(path)), expected), suffix
+        server.files[f"/m/model{suffix}"] = path.read_bytes()
+        assert torch.equal(_layers(BiLM.from_pretrained(server.url(f"/m/model{suffix}"))), expected), suffix
+    server.files["/m/cut.tar.gz"] = server.files["/m/model.tar.gz"][:-100]
+    cut = r"/m/cut.tar.gz: not a readable tar archive .*; nothing was cached"
+    with pytest.raises(ChecksumError, match=cut):
+        resolve_model(server.url("/m/cut.tar.gz"))
 
 
 def test_a_zip_of_a_folder_without_vocab_loads(tmp_path):

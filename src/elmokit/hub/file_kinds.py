@@ -33,7 +33,7 @@ _ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")
 @dataclass(frozen=True)
 class Expected:
     """What the publisher says of a file (any may be unknown), and what kind of file it is:
-    ``kind`` "zip", "json", "hdf5", "model" (any of the three), "gzip", "text" (UTF-8, not an
+    ``kind`` "zip", "tar", "json", "hdf5", "model" (zip, JSON or HDF5), "gzip", "text" (UTF-8, not an
     HTML page; the data sets of ``elmokit.hub.datasets``) or None (from the URL's name, see
     ``url_kind``)."""
 
@@ -43,9 +43,12 @@ class Expected:
     kind: str | None = None
 
 
-_KIND_BY_SUFFIX = {".zip": "zip", ".json": "json", ".hdf5": "hdf5", ".h5": "hdf5"}
+_KIND_BY_SUFFIX = {".zip": "zip", ".json": "json", ".hdf5": "hdf5", ".h5": "hdf5"} | dict.fromkeys(
+    (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"), "tar"
+)
 _KIND_NAMES = {
     "zip": "a zip archive",
+    "tar": "a tar archive",
     "json": "a JSON file",
     "hdf5": "an HDF5 file",
     "model": "a zip archive, HDF5 file or JSON file",
@@ -55,15 +58,16 @@ _KIND_NAMES = {
 
 
 def url_kind(url: str) -> str:
-    """The kind of file ``url`` should hold, from its name: "zip", "json" or "hdf5"; "model"
-    (any of the three) for another name or none (``http://host/model``)."""
+    """The kind of file ``url`` should hold, from its name: "zip", "tar" (.tar, .tar.gz, .tgz,
+    .tar.bz2, .tar.xz), "json" or "hdf5"; "model" (a zip, HDF5 or JSON file) for another name or
+    none (``http://host/model``)."""
     name = urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1].lower()
     return next((kind for suffix, kind in _KIND_BY_SUFFIX.items() if name.endswith(suffix)), "model")
 
 
 def wrong_kind(path: Path, kind: str | None) -> str | None:
-    """Why ``path`` is not a file of ``kind`` ("zip", "hdf5", "json", "model": any of them; None:
-    not checked), as "not ..." (None if it is)."""
+    """Why ``path`` is not a file of ``kind`` ("zip", "tar", "hdf5", "json", "model": a zip, HDF5
+    or JSON file; None: not checked), as "not ..." (None if it is)."""
     if kind is None:
         return None
     if kind == "model":
@@ -72,6 +76,8 @@ def wrong_kind(path: Path, kind: str | None) -> str | None:
         return None
     if kind == "zip":
         return _zip_problem(path)
+    if kind == "tar":
+        return _tar_problem(path)
     if kind == "hdf5":
         return _hdf5_problem(path)
     if kind == "json":
@@ -134,6 +140,22 @@ def _gzip_problem(path: Path) -> str | None:
         return "not a whole gzip file (cut short)"
     except (OSError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         return f"not a whole gzip file (damaged: {err})"
+    return None
+
+
+def _tar_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole tar archive (every header and the compressed stream read to
+    its end: a cut download is found here), or None; unsafe members are ``check_tar``'s."""
+    import tarfile
+
+    from .archives import TAR_ERRORS
+
+    try:
+        with tarfile.open(path, "r|*") as archive:
+            for _ in archive:
+                pass
+    except TAR_ERRORS as err:
+        return f"not a readable tar archive ({err or type(err).__name__})"
     return None
 
 

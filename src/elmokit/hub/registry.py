@@ -2,9 +2,11 @@
 comes from.
 
 A model is one archive (NLPL's .zip with options.json, model.hdf5 and usually vocab.txt;
-ELMoForManyLangs' folders; SeqVec's zip) or an options file + weight file pair (AllenNLP's
-published models). Sizes and checksums are recorded only where the publisher gives them; a file
-without them is checked for its kind (zip, JSON, HDF5) before it is cached, and the sha256 of its
+ELMoForManyLangs' folders; SeqVec's zip; CLARIN.SI's and HIT-SCIR's tar archives) or an options
+file + weight file pair (AllenNLP's published models), with, where its publisher gives them, the
+softmax and vocabulary of the language model (``lm_files``: for scoring and substitutes).
+Sizes and checksums are recorded only where the publisher gives them; a file without them is
+checked for its kind (zip, tar, JSON, HDF5, text) before it is cached, and the sha256 of its
 first download is kept in the cache entry, so a later change is noticed. Fields that a publisher
 does not state (licence, output size) are None, shown as "-".
 
@@ -12,7 +14,12 @@ Sources (each entry's ``source`` names its own):
 - AllenNLP: the "Pre-trained ELMo Models" and "Contributed ELMo Models" tables of
   https://allennlp.org/elmo (allenai/allennlp-website, elmo.html). The German and Basque
   contributed models are links to repositories, not files, and Transformer ELMo is another
-  architecture: they are not listed.
+  architecture: they are not listed (the German one is T-Systems', below).
+- The 5.5B model's softmax and vocabulary: facebookresearch/LAMA download_models.sh ("ELMO
+  ORIGINAL 5.5B": ..._5.5B_softmax_weights.hdf5 and tf_checkpoint/vocab-enwiki-news-500000.txt
+  beside the options and weights, on AllenNLP's S3); the file holds softmax/W (vocab, 512) and
+  softmax/b, as LAMA's elmo_connector and elmokit's softmax.hdf5 read them. AllenNLP's pages
+  publish no size or checksum for it.
 - NLPL repository (http://vectors.nlpl.eu/repository/, IDs are persistent): NorELMo, IDs 210,
   211, 217, 218 (https://wiki.nlpl.eu/Vectors/norlm/norelmo); English 209, German 201, Swedish
   202, Latin 203 (the model list of akutuzov/semeval2020's README, by an NLPL maintainer);
@@ -20,7 +27,19 @@ Sources (each entry's ``source`` names its own):
   catalogue itself, 20.json, was not available to check).
 - ELMoForManyLangs (HIT-SCIR): the 44 languages of the Downloads table of
   HIT-SCIR/ELMoForManyLangs' README, NLPL IDs 136-179 under repository version 11. Output size
-  1024: the README says the biLM uses Peters et al. (2018)'s hyperparameters.
+  1024: the README says the biLM uses Peters et al. (2018)'s hyperparameters. The simplified-
+  Chinese model is not in the NLPL repository: the README's "ELMo for Simplified Chinese" links
+  zhs.model.tar.bz2 on HIT-SCIR's own server (since October 2020; trained on the Xinhua part of
+  Chinese Gigaword v5). The repository's MIT licence is its code's; no model licence is stated.
+- T-Systems (t-systems-on-site-services-gmbh/german-elmo-model README, "Download Options and
+  Weights Files only"): options.json and weights.hdf5 of its GitHub release files_1, with the
+  README's md5 sums; BSD-2-Clause is the licence of that repository (its LICENSE file).
+- EMBEDDIA (CLARIN.SI item http://hdl.handle.net/11356/1277, "ELMo embeddings models for seven
+  languages", Ulčar and Robnik-Šikonja, arXiv:1911.10049): only the Slovenian archive's name,
+  slovenian-elmo.tar.gz (a folder slovenian/ with options.json and slovenian-elmo-weights.hdf5),
+  is given by public code that downloads it; the item page itself (its other six archives, their
+  sizes, checksums and licence) could not be read when this entry was written, so the Croatian,
+  Estonian, Finnish, Latvian, Lithuanian and Swedish models are not listed.
 - SeqVec: bio_embeddings' defaults.yml (sacdallago/bio_embeddings) for the options and weight
   files; mheinzinger/SeqVec's README for the zip (a folder uniref50_v2 with the two files); the
   md5 sums of kipoi/models' SeqVec/embedding/model.yaml for the rostlab.org files (the model card
@@ -35,7 +54,7 @@ from typing import Any
 
 from ..base.jsonfiles import read_json
 from .entries import is_cached, read_meta
-from .file_kinds import Expected
+from .file_kinds import Expected, url_kind
 from .shipped import MODELS_DIR, available_models
 
 __all__ = [
@@ -51,8 +70,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of a model: its URL, its role ("archive", "options" or "weights") and what the
-    publisher says of it (size in bytes, sha256, md5; None where nothing is published)."""
+    """One file of a model: its URL, its role ("archive", "options", "weights"; "softmax",
+    "vocab" in ``KnownModel.lm_files``) and what the publisher says of it (size in bytes, sha256,
+    md5; None where nothing is published)."""
 
     url: str
     role: str
@@ -62,7 +82,11 @@ class RemoteFile:
 
     @property
     def expected(self) -> Expected:
-        kind = {"archive": "zip", "options": "json", "weights": "hdf5"}[self.role]
+        kind = {"archive": "zip", "options": "json", "weights": "hdf5", "softmax": "hdf5", "vocab": "text"}[
+            self.role
+        ]
+        if self.role == "archive" and url_kind(self.url) == "tar":
+            kind = "tar"
         return Expected(size=self.size, sha256=self.sha256, md5=self.md5, kind=kind)
 
 
@@ -70,7 +94,10 @@ class RemoteFile:
 class KnownModel:
     """A public model elmokit can download by name. ``format``: "bilm" (bilm-tf/AllenNLP
     layout) or "manylangs" (ELMoForManyLangs). ``dims``: the size of one layer's vectors
-    (2 * projection_dim). ``source``: where the entry's facts come from."""
+    (2 * projection_dim). ``source``: where the entry's facts come from. ``lm_files``: the
+    language model's softmax and vocabulary (roles "softmax", "vocab") of an options + weights
+    model whose publisher gives them: fetched for ``LanguageModel`` (score, substitutes) and by
+    ``elmokit download``, not to embed."""
 
     name: str
     language: str
@@ -83,6 +110,7 @@ class KnownModel:
     format: str = "bilm"
     aliases: tuple[str, ...] = field(default=())
     lemmatized: bool = False  # trained on lemmas: it expects lemmatized input, raw text gives poor vectors
+    lm_files: tuple[RemoteFile, ...] = ()
 
     @property
     def archive(self) -> RemoteFile | None:
@@ -108,7 +136,16 @@ def _pair(options: str, weights: str, **known: str) -> tuple[RemoteFile, ...]:
     )
 
 
-def _allennlp(name: str, folder: str, dims: int, params: str, aliases: tuple[str, ...], corpus: str):
+def _allennlp(
+    name: str,
+    folder: str,
+    dims: int,
+    params: str,
+    aliases: tuple[str, ...],
+    corpus: str,
+    lm_files: tuple[RemoteFile, ...] = (),
+    source: str = _ALLENNLP_SOURCE,
+):
     stem = f"{_S3}{folder}/elmo_{folder}"
     return KnownModel(
         name=name,
@@ -116,13 +153,15 @@ def _allennlp(name: str, folder: str, dims: int, params: str, aliases: tuple[str
         description=f"AllenNLP {name.removeprefix('elmo-')} ({folder}, {params} parameters), {corpus}",
         publisher="AllenNLP",
         files=_pair(f"{stem}_options.json", f"{stem}_weights.hdf5"),
-        source=_ALLENNLP_SOURCE,
+        source=source,
         dims=dims,
         aliases=aliases,
+        lm_files=lm_files,
     )
 
 
 _BENCHMARK = "trained on the 1 Billion Word Benchmark"
+_S3_55B = f"{_S3}2x4096_512_2048cnn_2xhighway_5.5B/"
 ALLENNLP = (
     _allennlp("elmo-small", "2x1024_128_2048cnn_1xhighway", 256, "13.6M", ("small",), _BENCHMARK),
     _allennlp("elmo-medium", "2x2048_256_2048cnn_1xhighway", 512, "28.0M", ("medium",), _BENCHMARK),
@@ -134,6 +173,11 @@ ALLENNLP = (
         "93.6M",
         ("original-5.5b", "5.5b", "large"),
         "trained on 5.5B tokens of Wikipedia and WMT 2008-2012 news (AllenNLP's recommended default)",
+        lm_files=(
+            RemoteFile(f"{_S3_55B}elmo_2x4096_512_2048cnn_2xhighway_5.5B_softmax_weights.hdf5", "softmax"),
+            RemoteFile(f"{_S3_55B}tf_checkpoint/vocab-enwiki-news-500000.txt", "vocab"),
+        ),
+        source=f"{_ALLENNLP_SOURCE}; softmax and vocabulary: facebookresearch/LAMA download_models.sh",
     ),
     KnownModel(
         name="elmo-pubmed",
@@ -181,6 +225,36 @@ ALLENNLP = (
         ),
         source=_ALLENNLP_SOURCE,
         aliases=("japanese",),
+    ),
+)
+
+_TSYSTEMS = "https://github.com/t-systems-on-site-services-gmbh/german-elmo-model/releases/download/files_1/"
+_CLARIN_SI = "https://www.clarin.si/repository/xmlui/bitstream/handle/11356/1277/"
+CONTRIBUTED = (
+    KnownModel(
+        name="elmo-de-tsystems",
+        language="de",
+        description="German ELMo on T-Systems' German Wikipedia text corpus (articles and talk pages), "
+        "bilm-tf, 800,000-word vocabulary",
+        publisher="T-Systems on site services",
+        files=_pair(
+            _TSYSTEMS + "options.json",
+            _TSYSTEMS + "weights.hdf5",
+            options_md5="da99676f2fe2838ff2663a6d9bad97dd",
+            weights_md5="f3ab3a68caae6d42bac47c230b3a65bf",
+        ),
+        source="t-systems-on-site-services-gmbh/german-elmo-model README and LICENSE",
+        licence="BSD-2-Clause",
+        aliases=("german-elmo",),
+    ),
+    KnownModel(
+        name="embeddia-sl",
+        language="sl",
+        description="EMBEDDIA Slovenian ELMo (Ulčar and Robnik-Šikonja, 2020), CLARIN.SI",
+        publisher="EMBEDDIA (CLARIN.SI)",
+        files=(RemoteFile(_CLARIN_SI + "slovenian-elmo.tar.gz", "archive"),),
+        source="http://hdl.handle.net/11356/1277; the archive's name as public code downloads it",
+        aliases=("slovenian-elmo",),
     ),
 )
 
@@ -286,6 +360,18 @@ MANYLANGS = tuple(
 
 _SEQVEC_BE = "http://data.bioembeddings.com/public/embeddings/embedding_models/seqvec/"
 _SEQVEC_ROSTLAB = "https://rostlab.org/~deepppi/embedding_repo/embedding_models/seqvec/"
+EFML_ZHS = KnownModel(
+    name="efml-zhs",
+    language="zh",
+    description="ELMoForManyLangs simplified Chinese (Xinhua part of Chinese Gigaword v5)",
+    publisher="HIT-SCIR",
+    files=(RemoteFile("http://39.96.43.154/zhs.model.tar.bz2", "archive"),),
+    source="HIT-SCIR/ELMoForManyLangs README, ELMo for Simplified Chinese",
+    dims=1024,
+    format="manylangs",
+    aliases=("zhs",),
+)
+
 SEQVEC = (
     KnownModel(
         name="seqvec",
@@ -321,7 +407,7 @@ SEQVEC = (
     ),
 )
 
-KNOWN_MODELS: tuple[KnownModel, ...] = (*ALLENNLP, *NLPL, *SEQVEC, *MANYLANGS)
+KNOWN_MODELS: tuple[KnownModel, ...] = (*ALLENNLP, *CONTRIBUTED, *NLPL, *SEQVEC, *MANYLANGS, EFML_ZHS)
 
 
 def known_models() -> tuple[KnownModel, ...]:
@@ -341,7 +427,8 @@ def find(name: str) -> KnownModel | None:
 def model_rows() -> list[dict[str, Any]]:
     """One dict per model, shipped ones first: name, language, dims, size (bytes: on disk when
     cached, else the publisher's total where given, else None), publisher, licence, url,
-    cached ("shipped", "yes", "no"), format, description, source, aliases, files."""
+    cached ("shipped", "yes", "no": of ``files``), format, description, source, aliases, files,
+    lm_files (the published softmax and vocabulary, fetched for scoring)."""
     rows: list[dict[str, Any]] = []
     for name in available_models():
         folder = MODELS_DIR / name
@@ -360,6 +447,7 @@ def model_rows() -> list[dict[str, Any]]:
                 "source": "this package",
                 "aliases": [],
                 "files": [],
+                "lm_files": [],
             }
         )
     for model in KNOWN_MODELS:
@@ -384,13 +472,15 @@ def model_rows() -> list[dict[str, Any]]:
                 "description": model.description,
                 "source": model.source,
                 "aliases": list(model.aliases),
-                "files": [
-                    {"role": f.role, "url": f.url, "size": f.size, "sha256": f.sha256, "md5": f.md5}
-                    for f in model.files
-                ],
+                "files": [_file_row(f) for f in model.files],
+                "lm_files": [_file_row(f) for f in model.lm_files],
             }
         )
     return rows
+
+
+def _file_row(file: RemoteFile) -> dict[str, Any]:
+    return {"role": file.role, "url": file.url, "size": file.size, "sha256": file.sha256, "md5": file.md5}
 
 
 def _shipped_dims(options_file: Path) -> int:

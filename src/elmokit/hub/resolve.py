@@ -10,7 +10,8 @@ A model can be given as
   ``*_weights.hdf5``), an ELMoForManyLangs folder, or a TF-Hub module folder (``saved_model.pb``
   + ``variables/``, as unpacked from tfhub.dev's or Kaggle's .tar.gz; ``elmokit.model.tfhub``
   reads it);
-- a ``.zip`` archive (NLPL's layout), checked and unpacked safely into the cache, keyed by its
+- a ``.zip`` archive (NLPL's layout) or a tar archive (``.tar.gz``, ``.tar.bz2``, ...: CLARIN.SI's,
+  ELMoForManyLangs' simplified Chinese), checked and unpacked safely into the cache, keyed by its
   content;
 - an http(s) URL of such an archive (downloaded into the cache, keyed by the URL);
 - a Hugging Face Hub repository, ``hf://owner/name[@revision]`` (``elmokit.hub.hf``: a snapshot
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from ..base.digests import file_digest
 from . import hf
-from .archives import UNPACKED, ArchiveError, unpack_zip
+from .archives import UNPACKED, ArchiveError, is_tar, unpack_archive
 from .cache import ENV_CACHE, cache_dir
 from .entries import again_hint, is_url
 from .file_kinds import Expected, sniff
@@ -111,11 +112,14 @@ def resolve_model(
     weight_file: str | os.PathLike | None = None,
     *,
     progress: bool | None = None,
+    softmax: bool = False,
 ) -> ModelSource:
     """The local files of a model given in any of the forms above (None: ``DEFAULT_MODEL``;
     ``weight_file`` given: ``spec`` is the options file). Downloads what is not cached unless
     ELMOKIT_OFFLINE=1; errors are one line (FileNotFoundError, ValueError, DownloadError,
-    ImportError for ``hf://`` without huggingface_hub)."""
+    ImportError for ``hf://`` without huggingface_hub). ``softmax``: a known model's published
+    softmax and vocabulary (``KnownModel.lm_files``) are fetched too, as ``extras``; a folder's
+    or an archive's are found beside the weights either way."""
     if spec is None:
         if weight_file is not None:
             raise ValueError("a weight file needs its options file")
@@ -143,7 +147,7 @@ def resolve_model(
         return _from_folder(MODELS_DIR / text, text, "shipped", name=text)
     known = find(text)
     if known is not None:
-        return _from_registry(known, text, progress)
+        return _from_registry(known, text, progress, softmax)
     raise FileNotFoundError(
         f"no model folder, archive or known model {text!r}; shipped models: "
         f"{', '.join(available_models())}; `elmokit models` lists the models elmokit can download"
@@ -191,16 +195,21 @@ def download_model(
         )
     # a URL's file must be of the kind its name says (a .zip a readable archive; a name without
     # a suffix one of zip, HDF5, JSON): fetch checks it before it is cached
-    urls = [(f.url, f.expected) for f in known.files] if known else [(spec, Expected())]
+    # (a known model's published softmax and vocabulary too, so that scoring works offline)
+    files = (*known.files, *known.lm_files) if known else ()
+    urls = [(f.url, f.expected) for f in files] if known else [(spec, Expected())]
     name = known.name if known else None
     paths = [fetch(u, e, force=force, progress=progress, name=name) for u, e in urls]
-    if known is None and sniff(paths[0]) != "zip":
+    if known is None and sniff(paths[0]) != "zip" and not is_tar(paths[0]):
         return [f"{spec} -> {paths[0]}"], None
-    source = resolve_model(spec, progress=progress)  # unpacks an archive
+    source = resolve_model(spec, progress=progress, softmax=True)  # unpacks an archive
     name = name or spec
     if source.folder is not None:
-        return [f"{name} -> {source.folder}"], source
-    lines = [f"{name} options -> {source.options_file}", f"{name} weights -> {source.weight_file}"]
+        lines = [f"{name} -> {source.folder}"]
+    else:
+        lines = [f"{name} options -> {source.options_file}", f"{name} weights -> {source.weight_file}"]
+    if known and known.lm_files:
+        lines += [f"{name} {key} -> {path}" for key, path in source.extras.items()]
     return lines, source
 
 
@@ -218,15 +227,15 @@ def _from_url(url: str, progress: bool | None) -> ModelSource:
         raise ValueError(f"{url} is a weight file: give its options file too (--options and --weights)")
     path = fetch(url, progress=progress)
     found = sniff(path)
-    if found != "zip":
+    if found != "zip" and not is_tar(path):
         kinds: dict[str | None, str] = {"json": "an options file", "hdf5": "an HDF5 weight file"}
         what = kinds.get(found, "not a model archive")
-        raise ValueError(f"{url} is {what}; give a .zip model archive, or --options and --weights")
+        raise ValueError(f"{url} is {what}; give a .zip or tar model archive, or --options and --weights")
     return _from_archive(path, url, "url", path.parent / UNPACKED, again=again_hint(url))
 
 
 def _from_local_file(path: Path, text: str) -> ModelSource:
-    if sniff(path) == "zip":
+    if sniff(path) == "zip" or is_tar(path):
         target = cache_dir() / "archives" / file_digest(path)[:32] / UNPACKED
         return _from_archive(path, text, "archive", target)
     with open(path, "rb") as f:
@@ -248,7 +257,7 @@ def _from_archive(
     """The model in ``archive``, unpacked into ``target``; ``again``: what to run to download a
     cached archive again, added to the error of one that turns out damaged."""
     try:
-        folder = unpack_zip(archive, target)
+        folder = unpack_archive(archive, target)
     except PermissionError as err:
         raise PermissionError(f"{err}; set {ENV_CACHE} to a writable folder") from None
     except ArchiveError as err:
@@ -259,7 +268,7 @@ def _from_archive(
     return dataclasses.replace(source, archive=archive)
 
 
-def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> ModelSource:
+def _from_registry(known: KnownModel, spec: str, progress: bool | None, softmax: bool) -> ModelSource:
     if known.lemmatized:
         _warn_lemmatized(known.name)
     archive = known.archive
@@ -281,6 +290,10 @@ def _from_registry(known: KnownModel, spec: str, progress: bool | None) -> Model
         folder=None,
         options_file=fetch(options.url, options.expected, progress=progress, name=known.name),
         weight_file=fetch(weights.url, weights.expected, progress=progress, name=known.name),
+        extras={
+            f.role: fetch(f.url, f.expected, progress=progress, name=known.name)
+            for f in (known.lm_files if softmax else ())
+        },
         name=known.name,
     )
 

@@ -116,7 +116,8 @@ class LanguageModel(nn.Module):
         save dir (its "latest" or "best" checkpoint, one named ``checkpoint-<step>``, or with
         ``average`` the mean of its newest ``average`` checkpoints), or from a model in any form
         ``elmokit.hub.resolve_model`` takes (None: the default shipped model) that holds
-        vocab.txt and softmax.hdf5 beside its weights; one line when it has none. Every
+        vocab.txt and softmax.hdf5 beside its weights, or a known model whose publisher gives
+        them (``elmo-original-5.5b``: downloaded too); one line when it has none. Every
         checkpoint file read is checked against its manifest."""
         folder = None if spec is None else Path(os.fspath(spec)).expanduser()
         if folder is not None and folder.is_dir() and _is_save_dir(folder):
@@ -137,7 +138,7 @@ class LanguageModel(nn.Module):
     def _from_model_files(
         cls, spec: str | os.PathLike | None, progress: bool | None
     ) -> tuple[LanguageModel, Vocabulary]:
-        source = resolve_model(spec, progress=progress)
+        source = resolve_model(spec, progress=progress, softmax=True)
         where = f"({source.spec})" if source.folder is None else f"(model folder {source.folder})"
         softmax, vocab_file = source.extras.get("softmax"), source.extras.get("vocab")
         if source.kind != "bilm" or softmax is None:

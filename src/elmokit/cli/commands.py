@@ -488,6 +488,7 @@ def embed_command(args: argparse.Namespace) -> int:
     --nproc N or under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
     from ..base.atomic import check_output
     from ..base.devices import this_process
+    from ..base.textfiles import check_input
     from ..embed.parquet_file import output_format, require_pyarrow
 
     if args.fasta is not None or args.reduced_output is not None:
@@ -497,6 +498,7 @@ def embed_command(args: argparse.Namespace) -> int:
         say("elmokit: error: the following arguments are required: output; see 'elmokit embed --help'")
         raise SystemExit(2)
     args.mode = args.mode or "warm"
+    check_input(args.input)  # before the model is read
     if args.shard_sentences is None:
         if output_format(args.output, args.format) == "parquet":  # before the model is read
             require_pyarrow()
@@ -766,8 +768,10 @@ def tokens_command(args: argparse.Namespace) -> int:
     processes with --nproc N or under torchrun)."""
     from ..base.atomic import check_output
     from ..base.devices import this_process
+    from ..base.textfiles import check_input
 
-    check_output(args.output, args.overwrite, [args.vocab])  # before the model is read
+    check_input(args.vocab)  # before the model is read
+    check_output(args.output, args.overwrite, [args.vocab])
     embedder = _embedder(args)
     n = embedder.embed_tokens_file(args.vocab, args.output, overwrite=args.overwrite, processes=args.nproc)
     if this_process().is_main:
@@ -907,9 +911,11 @@ def _add_start_state_parser(sub: argparse._SubParsersAction) -> None:
 
 def score_command(args: argparse.Namespace) -> int:
     """Log-probability and perplexity of every sentence of a file, as JSON lines or TSV."""
+    from ..base.textfiles import check_input
     from ..lm.language_model import LanguageModel
     from ..lm.scoring import score_file
 
+    check_input(args.input)  # before the model is read
     try:
         model = LanguageModel.from_pretrained(args.model, device=args.device)
         summary = score_file(

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..base._arguments import Range, spec
 from ..embed.embedder import Embedder
-from ..hub import DEFAULT_MODEL
+from ..hub import DEFAULT_MODEL, resolve_model
 from ..lm.language_model import LanguageModel
 
 __all__ = [
@@ -233,13 +233,28 @@ def _load(
     return served
 
 
-def load_models(config: ServeConfig) -> list[ServedModel]:
-    """Every model of ``config``, loaded and warmed up (each on its own thread, with
-    ``config.threads`` torch threads); two with one name are a ValueError."""
-    names = [model_name(spec)[0] for spec in config.models]
+def _served_names(config: ServeConfig) -> list[tuple[str, str]]:
+    """(name served, spec loaded) of each model of ``config``; two with one name are a ValueError."""
+    named = [model_name(spec) for spec in config.models]
+    names = [name for name, _ in named]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"two --model share the name {twice[0]}; name them with NAME=SPEC")
+    return named
+
+
+def check_models(config: ServeConfig) -> None:
+    """Raise the one-line error of a model of ``config`` that cannot be served (two with one
+    name, a spec that names no model: ``hub.resolve_model``, which downloads what is not
+    cached), before a socket is bound or a worker process started."""
+    for _, source in _served_names(config):
+        resolve_model(source)
+
+
+def load_models(config: ServeConfig) -> list[ServedModel]:
+    """Every model of ``config``, loaded and warmed up (each on its own thread, with
+    ``config.threads`` torch threads); two with one name are a ValueError."""
+    _served_names(config)
     return [
         load_model(spec, config.device, config.max_batch_tokens, config.threads) for spec in config.models
     ]

@@ -676,6 +676,21 @@ def test_config_round_trips_for_worker_processes():
     assert json.loads(config.to_json())["limits"]["max_queue"] == 7
 
 
+def test_the_models_are_checked_before_the_server_starts(tmp_path):
+    """``check_models`` (which ``serve`` calls before it binds its port or starts a worker
+    process) refuses a model that does not exist and two with one name, in one line each."""
+    from elmokit.serve.config import check_models
+
+    check_models(ServeConfig(models=(TINY_REFERENCE, f"tiny={MODELS_DIR / TINY_REFERENCE}")))
+    gone = tmp_path / "gone"
+    with pytest.raises(
+        FileNotFoundError, match=re.escape(f"no model folder, archive or known model '{gone}'")
+    ):
+        check_models(ServeConfig(models=(TINY_REFERENCE, f"gone={gone}")))
+    with pytest.raises(ValueError, match="^two --model share the name tiny; name them with NAME=SPEC$"):
+        check_models(ServeConfig(models=(f"tiny={TINY_REFERENCE}", f"tiny={tmp_path}")))
+
+
 def test_a_worker_process_reads_its_configuration_and_key_from_the_environment(monkeypatch):
     """What each `--workers` process runs: the models and limits of ELMOKIT_SERVE_CONFIG, the
     key of ELMOKIT_API_KEY (never written into the configuration)."""

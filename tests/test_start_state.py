@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import resource
 import shutil
@@ -20,10 +21,11 @@ from elmokit.cli import main
 from elmokit.embed.embedder import Embedder
 from elmokit.hub import MODELS_DIR, PACKAGE_DIR, TINY_REFERENCE
 from elmokit.lm.language_model import LanguageModel
-from elmokit.lm.start_state import estimate_start_state
+from elmokit.lm.start_state import estimate_start_state, sentence_losses
 from elmokit.lm.vocabulary import Vocabulary
 from elmokit.model.weights import has_start_state, save_options, save_softmax, save_weights
-from elmokit.training.evaluate import _positions, evaluate_perplexity
+from elmokit.training.data import read_sentences
+from elmokit.training.evaluate import _positions, compare_start_modes, evaluate_perplexity
 
 from .conftest import TINY
 
@@ -136,6 +138,36 @@ def test_evaluate_accepts_checkpoint_and_shows_a_total(tmp_path, capsys):
     tokens = evaluate_perplexity(*_load(folder), str(heldout), batch_size=4).tokens
     estimate = _positions(str(heldout))
     assert estimate == 60 * 7 and tokens <= estimate <= tokens + 4 * 20  # at most one dropped batch
+
+
+def test_read_sentences_splits_the_non_empty_lines_of_a_glob_up_to_a_limit(tmp_path):
+    (tmp_path / "a.txt").write_text("one two\n\n  \nthree  four five\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("six\nseven eight\n", encoding="utf-8")
+    pattern = str(tmp_path / "*.txt")
+    assert read_sentences(pattern) == [["one", "two"], ["three", "four", "five"], ["six"], ["seven", "eight"]]
+    assert read_sentences(pattern, 3) == [["one", "two"], ["three", "four", "five"], ["six"]]
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        read_sentences(str(tmp_path / "*.none"))
+
+
+def test_compare_start_modes_scores_the_stream_and_each_sentence_from_both_starts(tmp_path):
+    """What `elmokit start-state --heldout` prints: the stream as evaluate's, and each sentence
+    alone from zero states and from the start state, as sentence_losses' mean losses."""
+    words = [f"w{i}" for i in range(40)]
+    model, _ = _load(_lm_folder(tmp_path / "lm", words))
+    rng = np.random.default_rng(1)
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text("\n".join(" ".join(rng.choice(words, 5)) for _ in range(30)) + "\n")
+    sentences = read_sentences(str(heldout))
+    start = estimate_start_state(model.bilm, sentences, rows=4)
+    modes = compare_start_modes(model, str(heldout), start, batch_size=4)
+    assert modes.stream == evaluate_perplexity(model, model.vocab, str(heldout), batch_size=4)
+    for alone, state in ((modes.zero, None), (modes.warm, start)):
+        forward, backward, n = sentence_losses(model, model.vocab, sentences, state)
+        expected = (math.exp(forward), math.exp(backward), math.exp(0.5 * (forward + backward)))
+        assert (alone.forward, alone.backward, alone.average) == pytest.approx(expected, rel=1e-12)
+        assert alone.tokens == n == 30 * 6  # 5 words and a boundary per sentence, each direction
+    assert abs(modes.warm.average - modes.zero.average) > 1e-3  # the start state changes the figures
 
 
 def _load(folder):

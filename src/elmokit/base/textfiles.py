@@ -51,19 +51,27 @@ def standard_input() -> BinaryIO:
     return sys.stdin.buffer
 
 
-def count_lines(path: str | os.PathLike) -> int | None:
-    """The number of lines ``read_lines`` gives, counted on the bytes; None for stdin or a pipe
-    (which can be read only once). A missing input or a folder is an error naming it."""
+def check_input(path: str | os.PathLike) -> bool:
+    """Raise the one-line error of an input that cannot be read (missing, a folder, a closed
+    standard input for ``-``), before any work; True for a regular file, False for stdin or a
+    pipe (e.g. ``<(command)``, which can be read only once)."""
     if str(path) == "-":
-        standard_input()  # a closed one is named now, before any work
-        return None
+        standard_input()
+        return False
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"input file not found: {path}")
     if path.is_dir():
         raise IsADirectoryError(f"input is a folder, not a file: {path}")
-    if not path.is_file():  # a pipe, e.g. <(command)
+    return path.is_file()
+
+
+def count_lines(path: str | os.PathLike) -> int | None:
+    """The number of lines ``read_lines`` gives, counted on the bytes; None for stdin or a pipe
+    (which can be read only once). A missing input or a folder is an error naming it."""
+    if not check_input(path):  # stdin or a pipe
         return None
+    path = Path(path)
     count, last = 0, b""
     try:
         with open(path, "rb") as f:

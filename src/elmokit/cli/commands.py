@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -14,8 +13,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from ..base._arguments import add_options, option_values, ranged
 from ..base._console import CommandParser, command_context, say
 from ..base.atomic import write_json
 from ..hub import DEFAULT_MODEL, TINY_REFERENCE, resolve_model
@@ -124,7 +124,7 @@ def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
-    p.add_argument("-k", type=_ranged(int, low=1), default=3, help="neighbours shown per layer")
+    p.add_argument("-k", type=ranged(int, low=1), default=3, help="neighbours shown per layer")
     p.set_defaults(func=demo)
 
 
@@ -149,32 +149,6 @@ def _demo_substitutes(args: argparse.Namespace, queries: list[list[str]], k: int
         found = substitutes(model, tokens, tokens.index(DEMO_WORD), k=k)
         words = ", ".join(f"{word} {p:.3f}" for word, p in found.both)
         print(f"  {' '.join(tokens)}\n     {words}")
-
-
-def _ranged(kind: Callable[[str], Any], low: float):
-    """An argparse type: ``kind(text)``, at least ``low`` (as ``training.config.Range(low)`` says)."""
-
-    def problem(value: float) -> str | None:
-        return f"must be at least {low:g}, got {value:g}" if value < low else None
-
-    return _checked(kind, problem)
-
-
-def _checked(kind: Callable[[str], Any], problem: Callable[[Any], str | None]):
-    """An argparse type: ``kind(text)``, refused with the reason ``problem(value)`` gives."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError as err:
-            what = {int: "an integer", float: "a number"}.get(kind)  # type: ignore[call-overload]
-            raise argparse.ArgumentTypeError(f"not {what}: {text!r}" if what else str(err)) from None
-        why = problem(value)
-        if why:
-            raise argparse.ArgumentTypeError(why)
-        return value
-
-    return parse
 
 
 def _read_config(value: str) -> dict:
@@ -217,45 +191,20 @@ def _add_vocab_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, help="vocabulary file to write")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument(
-        "--min-count", type=_ranged(int, low=1), default=1, help="leave out tokens seen fewer times"
+        "--min-count", type=ranged(int, low=1), default=1, help="leave out tokens seen fewer times"
     )
-    p.add_argument("--max-size", type=_ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
+    p.add_argument("--max-size", type=ranged(int, low=3), default=None, help="including <S>, </S>, <UNK>")
     p.set_defaults(func=vocab)
 
 
 def _add_train_options(p: argparse.ArgumentParser) -> None:
     """`elmokit train`'s options for the TrainConfig fields, generated from the fields: each
-    field's help, kind, range and choices (``training.config.OptionSpec``), and its default."""
-    from ..training.config import check_option, option_name, train_options
+    field's help, kind, range and choices (``base._arguments.OptionSpec``), and its default. Each
+    option's argparse default is None: not given (the configuration's default, or the resumed
+    run's value)."""
+    from ..training.config import TrainConfig, check_option
 
-    groups: dict[str, Any] = {}
-    for name, spec, default in train_options():
-        target: Any = p
-        if spec.group:
-            target = groups.setdefault(spec.group, p.add_argument_group(spec.group))
-        shown = spec.default_text
-        if shown is None and default is not None:
-            shown = f"{default:g}" if isinstance(default, float) else str(default)
-        help = spec.help if shown is None or spec.group else f"{spec.help} (default {shown})"
-
-        def problem(value: Any, name: str = name) -> str | None:
-            try:
-                check_option(name, value)
-            except ValueError as err:
-                return str(err).removeprefix(option_name(name) + " ")
-            return None
-
-        kind = _checked(spec.kind, problem) if spec.kind is not str or spec.range else None
-        target.add_argument(
-            spec.option or option_name(name),
-            dest=name,
-            type=kind,
-            choices=spec.choices,
-            metavar=spec.metavar,
-            required=spec.required,
-            default=None,  # not given: the configuration's default, or the resumed run's value
-            help=help,
-        )
+    add_options(p, TrainConfig, defaults=False, check=check_option)
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -263,10 +212,10 @@ def train_command(args: argparse.Namespace) -> int:
     limit, 128 + the signal's number when SIGINT/SIGTERM stopped it early."""
     from ..base.devices import this_process
     from ..lm.checkpoints import CONFIG_FILE
-    from ..training.config import TrainingError, config_from_options, resume_config, train_options
+    from ..training.config import TrainConfig, TrainingError, config_from_options, resume_config
     from ..training.launch import launch
 
-    given = {name: getattr(args, name) for name, _, _ in train_options()}
+    given = option_values(args, TrainConfig)
     resume = args.resume or args.resume_from is not None  # from a named checkpoint is resuming
     again = _resume_command(args)
     try:
@@ -370,7 +319,7 @@ def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="held-out perplexity (full softmax, bilm-tf protocol)")
     p.add_argument("model_dir", help="training save dir, or a model with its softmax in any form of --model")
     p.add_argument("--heldout", required=True, help="glob of held-out files")
-    p.add_argument("--batch-size", type=_ranged(int, low=1), default=256, help="parallel streams")
+    p.add_argument("--batch-size", type=ranged(int, low=1), default=256, help="parallel streams")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     _add_checkpoint_choice(p)
     p.add_argument("--json", help="also write the figures to this JSON file")
@@ -539,6 +488,7 @@ def embed_command(args: argparse.Namespace) -> int:
     --nproc N or under torchrun the processes share the lines (``Embedder.embed_file(processes=N)``)."""
     from ..base.atomic import check_output
     from ..base.devices import this_process
+    from ..base.textfiles import check_input
     from ..embed.parquet_file import output_format, require_pyarrow
 
     if args.fasta is not None or args.reduced_output is not None:
@@ -548,6 +498,7 @@ def embed_command(args: argparse.Namespace) -> int:
         say("elmokit: error: the following arguments are required: output; see 'elmokit embed --help'")
         raise SystemExit(2)
     args.mode = args.mode or "warm"
+    check_input(args.input)  # before the model is read
     if args.shard_sentences is None:
         if output_format(args.output, args.format) == "parquet":  # before the model is read
             require_pyarrow()
@@ -601,7 +552,7 @@ def _add_embed_parser(sub: argparse._SubParsersAction) -> None:
         "embed",
         help="embed a file of sentences into HDF5 or Parquet",
         description="Embed a file of sentences, one whitespace-tokenized sentence per line (or raw "
-        "text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset \"i\" holds line "
+        'text with --tokenize), into HDF5 in the layout of `allennlp elmo`: dataset "i" holds line '
         "i's vectors, and sentence_to_index maps each sentence to its line number. A repeated line "
         "keeps only its last line number there, as in AllenNLP (-v says how many repeat). With "
         "--fasta FILE (and no INPUT), the proteins of a FASTA file into the files of bio_embeddings' "
@@ -639,7 +590,7 @@ def _add_embed_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-tokens-per-batch",
-        type=_ranged(int, low=1),
+        type=ranged(int, low=1),
         default=None,
         help="also cap each batch at this many tokens, so long lines make smaller batches (default: "
         "no cap, --batch-size lines)",
@@ -660,7 +611,7 @@ def _add_embed_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--onnx", help="with --backend onnxruntime: the model's file from export-onnx")
     p.add_argument(
         "--shard-sentences",
-        type=_ranged(int, low=1),
+        type=ranged(int, low=1),
         default=None,
         metavar="N",
         help="a resumable run: OUTPUT is a folder of part files of N lines each plus manifest.json; "
@@ -680,7 +631,7 @@ def _add_embed_parser(sub: argparse._SubParsersAction) -> None:
         help="with --engine ray: a running Ray cluster's address (default: a local one)",
     )
     p.add_argument(
-        "--workers", type=_ranged(int, low=1), default=None, help="with --engine ray: the actors (default: 2)"
+        "--workers", type=ranged(int, low=1), default=None, help="with --engine ray: the actors (default: 2)"
     )
     p.set_defaults(func=embed_command)
 
@@ -704,7 +655,7 @@ def _add_fasta_arguments(p: argparse.ArgumentParser) -> None:
     )
     fasta.add_argument(
         "--max-amino-acids",
-        type=_ranged(int, low=1),
+        type=ranged(int, low=1),
         default=15000,
         help="with --fasta: the residues of one batch stay below this (bio_embeddings' max_amino_acids; "
         "in stateful mode it decides which states each protein starts from; default 15000)",
@@ -817,8 +768,10 @@ def tokens_command(args: argparse.Namespace) -> int:
     processes with --nproc N or under torchrun)."""
     from ..base.atomic import check_output
     from ..base.devices import this_process
+    from ..base.textfiles import check_input
 
-    check_output(args.output, args.overwrite, [args.vocab])  # before the model is read
+    check_input(args.vocab)  # before the model is read
+    check_output(args.output, args.overwrite, [args.vocab])
     embedder = _embedder(args)
     n = embedder.embed_tokens_file(args.vocab, args.output, overwrite=args.overwrite, processes=args.nproc)
     if this_process().is_main:
@@ -840,9 +793,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--options", help="options.json (with --weights, instead of --model)")
     p.add_argument("--weights", help="weights HDF5 in the original layout")
-    p.add_argument(
-        "--batch-size", type=_ranged(int, low=1), default=64, help="sentences embedded together"
-    )
+    p.add_argument("--batch-size", type=ranged(int, low=1), default=64, help="sentences embedded together")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument(
         "--mode",
@@ -866,25 +817,11 @@ def _nproc_argument(p: argparse.ArgumentParser) -> None:
     """--nproc of the commands whose work the Embedder shares between processes."""
     p.add_argument(
         "--nproc",
-        type=_ranged(int, low=1),
+        type=ranged(int, low=1),
         default=1,
         help="share the work between N processes on this machine (as torchrun --standalone "
         "--nproc-per-node N; each on cuda:LOCAL_RANK with CUDA)",
     )
-
-
-def _read_sentences(pattern: str, limit: int | None) -> list[list[str]]:
-    from ..base.textfiles import read_lines
-    from ..training.data import corpus_files
-
-    out: list[list[str]] = []
-    for path in corpus_files(pattern):
-        for line in read_lines(path):
-            if line.split():
-                out.append(line.split())
-            if limit is not None and len(out) >= limit:
-                return out
-    return out
 
 
 def start_state_command(args: argparse.Namespace) -> int:
@@ -894,9 +831,10 @@ def start_state_command(args: argparse.Namespace) -> int:
 
     from ..base.devices import resolve_device
     from ..hub import refuse_package_path
-    from ..lm.start_state import estimate_start_state, sentence_losses
+    from ..lm.start_state import estimate_start_state
     from ..model.bilm import BiLM
     from ..model.weights import write_start_state
+    from ..training.data import read_sentences
     from ..training.export import check_new_folder, copy_with_start_state
 
     source = resolve_model(args.model_dir)  # every model embed takes
@@ -914,7 +852,7 @@ def start_state_command(args: argparse.Namespace) -> int:
         if not os.access(weights.parent, os.W_OK | os.X_OK):
             raise PermissionError(f"cannot write {weights}: the folder {weights.parent} is not writable")
     bilm = BiLM.load(options, weights).to(device)
-    sentences = _read_sentences(args.text, args.sentences)
+    sentences = read_sentences(args.text, args.sentences)
     with torch.no_grad():
         state = estimate_start_state(bilm, sentences, rows=args.rows, progress=not args.quiet)
     print(f"start state: mean boundary state over {len(sentences):,} sentences of {args.text}")
@@ -926,25 +864,23 @@ def start_state_command(args: argparse.Namespace) -> int:
         print(f"written to {weights} (datasets start_state/h, start_state/c)")
     if args.heldout:
         from ..lm.language_model import LanguageModel
-        from ..training.evaluate import evaluate_perplexity
+        from ..training.evaluate import compare_start_modes
 
         lm = LanguageModel.from_pretrained(args.model_dir, device=device)
-        vocab = lm.vocab
-        held = _read_sentences(args.heldout, None)  # all of it, as the stream protocol
-        stream = evaluate_perplexity(lm, vocab, args.heldout, device=device, progress=not args.quiet)
+        modes = compare_start_modes(lm, args.heldout, state, device=device, progress=not args.quiet)
+        stream = modes.stream
         print(f"held-out {args.heldout}: perplexity forward / backward / average")
         print(
             f"  stateful stream ({stream.protocol.split(':')[0]}): {stream.forward:8.2f} "
             f"{stream.backward:8.2f} {stream.average:8.2f}"
         )
-        for name, start in (
-            ("zero start, each sentence alone", None),
-            ("warm start, each sentence alone", state),
+        for name, alone in (
+            ("zero start, each sentence alone", modes.zero),
+            ("warm start, each sentence alone", modes.warm),
         ):
-            fwd, bwd, n = sentence_losses(lm, vocab, held, start, progress=not args.quiet)
             print(
-                f"  {name}: {math.exp(fwd):8.2f} {math.exp(bwd):8.2f} "
-                f"{math.exp(0.5 * (fwd + bwd)):8.2f} ({n:,} predictions per direction)"
+                f"  {name}: {alone.forward:8.2f} {alone.backward:8.2f} {alone.average:8.2f} "
+                f"({alone.tokens:,} predictions per direction)"
             )
     return 0
 
@@ -955,9 +891,9 @@ def _add_start_state_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model_dir", help=MODEL_HELP)
     p.add_argument("--text", required=True, help="glob of running text (not the test set)")
     p.add_argument(
-        "--sentences", type=_ranged(int, low=1), default=20000, help="at most this many sentences of --text"
+        "--sentences", type=ranged(int, low=1), default=20000, help="at most this many sentences of --text"
     )
-    p.add_argument("--rows", type=_ranged(int, low=1), default=32, help="parallel streams")
+    p.add_argument("--rows", type=ranged(int, low=1), default=32, help="parallel streams")
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--out", metavar="DIR", help="write a copy of the model, with this start state, to the new folder DIR"
@@ -975,9 +911,11 @@ def _add_start_state_parser(sub: argparse._SubParsersAction) -> None:
 
 def score_command(args: argparse.Namespace) -> int:
     """Log-probability and perplexity of every sentence of a file, as JSON lines or TSV."""
+    from ..base.textfiles import check_input
     from ..lm.language_model import LanguageModel
     from ..lm.scoring import score_file
 
+    check_input(args.input)  # before the model is read
     try:
         model = LanguageModel.from_pretrained(args.model, device=args.device)
         summary = score_file(
@@ -1039,9 +977,7 @@ def _add_score_parser(sub: argparse._SubParsersAction) -> None:
         "--per-token", action="store_true", help="JSON lines: also each prediction's log-probability"
     )
     _scoring_model_arguments(p)
-    p.add_argument(
-        "--batch-size", type=_ranged(int, low=1), default=64, help="sentences scored together"
-    )
+    p.add_argument("--batch-size", type=ranged(int, low=1), default=64, help="sentences scored together")
     p.add_argument(
         "--tokenize", action="store_true", help="INPUT is raw text: tokenize it as the training corpus was"
     )
@@ -1113,7 +1049,7 @@ def _add_substitutes_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--word", type=int, required=True, help="index of the token to predict, 0-based (the first is 0)"
     )
-    p.add_argument("-k", type=_ranged(int, low=1), default=10, help="words listed per column (default 10)")
+    p.add_argument("-k", type=ranged(int, low=1), default=10, help="words listed per column (default 10)")
     _scoring_model_arguments(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(func=substitutes_command)
@@ -1143,7 +1079,7 @@ def _add_checkpoint_choice(p: argparse.ArgumentParser) -> None:
     )
     which.add_argument(
         "--average",
-        type=_ranged(int, low=1),
+        type=ranged(int, low=1),
         metavar="N",
         help="of a training save dir: the mean of the weights of its newest N checkpoints "
         "(a run trained with --keep-checkpoints N or more)",
@@ -1226,27 +1162,10 @@ def serve_command(args: argparse.Namespace) -> int:
     """Serve the models over HTTP until SIGTERM or SIGINT (elmokit.serve); exits 0 after a drain."""
     from ..serve import API_KEY_ENV, Limits, ServeConfig, serve
 
-    limits = Limits(
-        max_body_bytes=args.max_body_bytes,
-        max_inputs=args.max_inputs,
-        max_input_tokens=args.max_input_tokens,
-        max_token_chars=args.max_token_chars,
-        max_request_tokens=args.max_request_tokens,
-        max_queue=args.max_queue,
-        max_response_values=args.max_response_values,
-        max_header_bytes=args.max_header_bytes,
-        max_headers=args.max_headers,
-    )
     config = ServeConfig(
-        models=tuple(args.model or [DEFAULT_MODEL]),
-        device=args.device,
-        max_batch_tokens=args.max_batch_tokens,
-        max_wait_ms=args.max_wait_ms,
-        tokenize=args.tokenize,
-        threads=args.threads,
-        limits=limits,
-        header_timeout=args.header_timeout,
-        truncate=args.truncate,
+        models=tuple(args.model or ServeConfig.models),
+        limits=Limits(**option_values(args, Limits)),
+        **option_values(args, ServeConfig),
     )
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     server_log = logging.getLogger("elmokit.serve")  # a server's log is its output: INFO shown
@@ -1272,121 +1191,52 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    """`elmokit serve`'s parser."""
-    p = sub.add_parser(
-        "serve",
-        help="serve models over HTTP: OpenAI-compatible /v1/embeddings, /embed, /score, /substitutes",
-        description="Serve models over HTTP, batching concurrent requests (warm mode: a sentence's "
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    """`elmokit serve`'s description and options; those of ``ServeConfig`` and ``Limits`` from
+    their fields (``base._arguments``)."""
+    p.description = (
+        "Serve models over HTTP, batching concurrent requests (warm mode: a sentence's "
         "vectors do not depend on its batch). Endpoints: POST /v1/embeddings, /embed, /score, "
         "/substitutes, /tokenize; GET /v1/models, /info, /health, /ready, /metrics, /openapi.json. "
         "Requests can name only the models loaded here. SIGTERM stops accepting, answers the "
-        "requests in flight and exits 0.",
+        "requests in flight and exits 0."
     )
+    from dataclasses import fields
+
+    from ..serve import Limits, ServeConfig  # without the serve extra, an ImportError (_DeferredParser)
+
     p.add_argument(
         "--model",
         action="append",
         metavar="[NAME=]SPEC",
         help=f"a model to serve (repeat for several): {MODEL_HELP}; NAME= sets the name requests "
-        f"use (default: the model's name, or the folder's). Default {DEFAULT_MODEL}",
+        f"use (default: the model's name, or the folder's). Default {', '.join(ServeConfig.models)}",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
-    p.add_argument("--port", type=_ranged(int, low=0), default=8000, help="default 8000; 0 picks a free port")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    p.add_argument("--port", type=ranged(int, low=0), default=8000, help="default 8000; 0 picks a free port")
+    add_options(p, ServeConfig, ["device"])
     p.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health (better: "
         "set ELMOKIT_API_KEY, which ps does not show)",
     )
+    add_options(p, ServeConfig, ["max_batch_tokens", "max_wait_ms"])
+    add_options(p, Limits, ["max_queue"])
+    add_options(p, Limits, [f.name for f in fields(Limits) if f.name != "max_queue"])
+    add_options(p, ServeConfig, ["header_timeout", "truncate", "tokenize", "threads"])
     p.add_argument(
-        "--max-batch-tokens", type=_ranged(int, low=1), default=4096, help="tokens per batch (default 4096)"
-    )
-    p.add_argument(
-        "--max-wait-ms",
-        type=_ranged(float, low=0),
-        default=5.0,
-        help="longest wait for a batch to fill (default 5)",
-    )
-    p.add_argument(
-        "--max-queue",
-        type=_ranged(int, low=1),
-        default=1024,
-        help="requests waiting per model (default 1024); past it 503",
-    )
-    _add_serve_limit_arguments(p)
-    p.add_argument("--threads", type=_ranged(int, low=1), default=None, help="torch threads per process")
-    p.add_argument(
-        "--workers", type=_ranged(int, low=1), default=1, help="processes, each with its own models"
+        "--workers", type=ranged(int, low=1), default=1, help="processes, each with its own models"
     )
     p.add_argument(
         "--drain-seconds",
-        type=_ranged(float, low=0),
+        type=ranged(float, low=0),
         default=30.0,
         help="on SIGTERM, wait this long for requests in flight",
     )
     p.set_defaults(func=serve_command)
-
-
-def _add_serve_limit_arguments(p: argparse.ArgumentParser) -> None:
-    """`elmokit serve`'s limits on what a request may ask and send."""
-    p.add_argument(
-        "--max-body-bytes",
-        type=_ranged(int, low=1),
-        default=1 << 20,
-        help="request body size in bytes (default: 1048576, 1 MiB); past it 413",
-    )
-    p.add_argument(
-        "--max-inputs", type=_ranged(int, low=1), default=256, help="sentences per request (default 256)"
-    )
-    p.add_argument(
-        "--max-input-tokens", type=_ranged(int, low=1), default=512, help="tokens per sentence (default 512)"
-    )
-    p.add_argument(
-        "--max-token-chars", type=_ranged(int, low=1), default=100, help="characters per token (default 100)"
-    )
-    p.add_argument(
-        "--max-request-tokens",
-        type=_ranged(int, low=1),
-        default=16384,
-        help="tokens per request (default 16384)",
-    )
-    p.add_argument(
-        "--max-response-values",
-        type=_ranged(int, low=1),
-        default=4_000_000,
-        help="/embed: numbers in one answer (tokens x layers x dim; default 4,000,000)",
-    )
-    p.add_argument(
-        "--max-header-bytes",
-        type=_ranged(int, low=1),
-        default=32 * 1024,
-        help="a request's line and headers, in bytes (default 32768); past it 431",
-    )
-    p.add_argument(
-        "--max-headers",
-        type=_ranged(int, low=1),
-        default=100,
-        help="headers per request (default 100); past it 431",
-    )
-    p.add_argument(
-        "--header-timeout",
-        type=_ranged(float, low=0),
-        default=5.0,
-        help="seconds a request's headers may take to arrive (default 5); past it 408",
-    )
-    p.add_argument(
-        "--truncate",
-        action="store_true",
-        help="cut long inputs to the limits instead of a 413 (a request's 'truncate' overrides it)",
-    )
-    p.add_argument(
-        "--tokenize",
-        action="store_true",
-        help="tokenize text inputs as the training corpus was (default: split on spaces)",
-    )
 
 
 def probe_command(args: argparse.Namespace) -> int:
@@ -1446,15 +1296,15 @@ def _add_probe_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["conll", "conllu"], default="conll", help="default: conll")
     p.add_argument(
         "--column",
-        type=_ranged(int, low=0),
+        type=ranged(int, low=0),
         help="label column, 0 = word: CoNLL-2000 1 POS, 2 chunk; CoNLL-2003 3 NER; CoNLL-U 3 UPOS",
     )
-    p.add_argument("--seeds", type=_ranged(int, low=1), default=3, help="probes per layer (default 3)")
+    p.add_argument("--seeds", type=ranged(int, low=1), default=3, help="probes per layer (default 3)")
     p.add_argument("--layers", default="0,1,2,average,mix", help="default: 0,1,2,average,mix")
-    p.add_argument("--max-sentences", type=_ranged(int, low=1), help="the first N training sentences")
+    p.add_argument("--max-sentences", type=ranged(int, low=1), help="the first N training sentences")
     p.add_argument(
         "--hidden",
-        type=_ranged(int, low=0),
+        type=ranged(int, low=0),
         default=0,
         metavar="N",
         help="0: a linear probe (default); N: an MLP with one hidden layer of N ReLU units",
@@ -1552,8 +1402,10 @@ class _Deferred:
 
 class _DeferredParser(CommandParser):
     """A subcommand whose arguments are declared by a module that imports torch (``train``,
-    ``task``, ``elmo``): they are added when the subcommand is used or its help is read, so
-    that ``elmokit --help`` and the other commands do not wait for torch."""
+    ``serve``, ``task``, ``elmo``): they are added when the subcommand is used or its help is
+    read, so that ``elmokit --help`` and the other commands do not wait for torch. A module that
+    cannot be imported (``serve`` without its extra) leaves a command that takes any arguments
+    and, run, says why in one line (the ImportError)."""
 
     _actions = _Deferred()
     _option_string_actions = _Deferred()
@@ -1567,7 +1419,20 @@ class _DeferredParser(CommandParser):
     def fill(self) -> None:
         fill = self.__dict__.pop("_fill", None)
         if fill is not None:
-            fill(self)
+            try:
+                fill(self)
+            except ImportError as err:
+                self.__dict__["_missing"] = err
+                self.set_defaults(func=self._say_missing)
+
+    def _say_missing(self, args: argparse.Namespace) -> int:
+        raise self.__dict__["_missing"]
+
+    def unrecognized(self, extras: Sequence[str]) -> NoReturn:
+        missing = self.__dict__.get("_missing")
+        if missing is not None:  # its options are unknown: what is missing is the error
+            self.exit(2, f"elmokit: error: {missing}\n")
+        super().unrecognized(extras)
 
 
 def _deferred_command(
@@ -1597,7 +1462,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     _add_train_options(p)
     p.add_argument(
         "--nproc",
-        type=_ranged(int, low=1),
+        type=ranged(int, low=1),
         default=1,
         help="start this many CPU processes (gloo DDP)",
     )
@@ -1650,7 +1515,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models_parser(sub)
     _add_download_parser(sub)
     _add_probe_parser(sub)
-    _add_serve_parser(sub)
+    _deferred_command(
+        sub,
+        "serve",
+        _serve_arguments,
+        help="serve models over HTTP: OpenAI-compatible /v1/embeddings, /embed, /score, /substitutes",
+    )
     _deferred_command(  # elmokit task ner|pos|sentiment ...
         sub,
         "task",
@@ -1724,4 +1594,3 @@ def _fail(err: BaseException | str) -> int:
     """Report an error in one line, as every command does; returns the exit status."""
     say(f"elmokit: error: {err}")
     return 2
-

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ..base.atomic import check_output
-from ..base.textfiles import count_lines, read_lines
+from ..base.textfiles import check_input, count_lines, read_lines
 from ..embed.embedder import evaluating
 from ..embed.vectors_file import output_array, write_vectors
 from ..hub.file_kinds import sniff
@@ -994,6 +994,7 @@ def add_elmo_arguments(p: argparse.ArgumentParser) -> None:
 def elmo_command(args: argparse.Namespace) -> int:
     """Run ``elmokit elmo`` (``allennlp elmo``) with parsed arguments."""
     output_format = "all" if args.all else "top" if args.top else "average"
+    check_input(args.input_file)  # before the model is read (or downloaded)
     try:
         embedder = ElmoEmbedder(args.options_file, args.weight_file, args.cuda_device)
         with torch.no_grad():

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from .._version import __version__
 from ..embed.vectors_file import output_array, select_layers
 from .batcher import Batcher, Metrics
-from .config import API_KEY_ENV, CONFIG_ENV, Limits, ServeConfig, ServedModel, load_models
+from .config import API_KEY_ENV, CONFIG_ENV, Limits, ServeConfig, ServedModel, check_models, load_models
 from .limits import (
     REQUEST_ID,
     RETRY,
@@ -563,6 +563,7 @@ def serve(
 
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
+    check_models(config)  # a missing model: its error, not a worker process that dies again and again
     if not is_loopback(host) and not api_key:
         log.warning("listening on %s without an API key: anyone who reaches this port can use it", host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

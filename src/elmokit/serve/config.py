@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..base._arguments import Range, spec
 from ..embed.embedder import Embedder
-from ..hub import DEFAULT_MODEL
+from ..hub import DEFAULT_MODEL, resolve_model
 from ..lm.language_model import LanguageModel
 
 __all__ = [
@@ -35,20 +36,45 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 # -- configuration ------------------------------------------------------------------------------
+# Each field that `elmokit serve` offers carries its option's help and range (base._arguments).
+
+
+def _limit(help: str) -> dict[str, Any]:
+    """The metadata of a Limits field: its option's help, a positive integer."""
+    return spec(help, kind=int, range=Range(1))
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask and how many may wait; past them a request is refused (413 for
     its size, 503 with Retry-After when the queue is full)."""
 
-    max_body_bytes: int = 1 << 20
-    max_inputs: int = 256  # sentences (inputs) per request
-    max_input_tokens: int = 512  # tokens per sentence
-    max_token_chars: int = 100  # characters per token (the token cache keeps the tokens it has seen)
-    max_request_tokens: int = 16384  # tokens per request, all sentences together
-    max_queue: int = 1024  # requests waiting for a model's worker
-    max_response_values: int = 4_000_000  # /embed: numbers in one answer (16 MB as float32)
-    max_header_bytes: int = 32 * 1024  # a request's line and headers together; past it 431
-    max_headers: int = 100  # header lines per request; past it 431
+    max_body_bytes: int = field(
+        default=1 << 20,
+        metadata=_limit("request body size in bytes (default: {default}, 1 MiB); past it 413"),
+    )
+    max_inputs: int = field(default=256, metadata=_limit("sentences per request (default {default})"))
+    max_input_tokens: int = field(default=512, metadata=_limit("tokens per sentence (default {default})"))
+    max_token_chars: int = field(  # the token cache keeps the tokens it has seen
+        default=100, metadata=_limit("characters per token (default {default})")
+    )
+    max_request_tokens: int = field(  # all sentences together
+        default=16384, metadata=_limit("tokens per request (default {default})")
+    )
+    max_queue: int = field(  # requests waiting for a model's worker
+        default=1024, metadata=_limit("requests waiting per model (default {default}); past it 503")
+    )
+    max_response_values: int = field(  # 16 MB as float32
+        default=4_000_000,
+        metadata=_limit("/embed: numbers in one answer (tokens x layers x dim; default {default:,})"),
+    )
+    max_header_bytes: int = field(  # a request's line and headers together
+        default=32 * 1024,
+        metadata=_limit("a request's line and headers, in bytes (default {default}); past it 431"),
+    )
+    max_headers: int = field(
+        default=100, metadata=_limit("headers per request (default {default}); past it 431")
+    )
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -62,14 +88,34 @@ class ServeConfig:
     environment copy that ``--workers`` processes read: they take it from ``ELMOKIT_API_KEY``)."""
 
     models: tuple[str, ...] = (DEFAULT_MODEL,)
-    device: str | None = None
-    max_batch_tokens: int = 4096
-    max_wait_ms: float = 5.0
-    tokenize: bool = False
-    threads: int | None = None
+    device: str | None = field(default=None, metadata=spec("cpu, cuda or cuda:N (default: cuda if present)"))
+    max_batch_tokens: int = field(
+        default=4096, metadata=spec("tokens per batch (default {default})", kind=int, range=Range(1))
+    )
+    max_wait_ms: float = field(
+        default=5.0,
+        metadata=spec("longest wait for a batch to fill (default {default:g})", kind=float, range=Range(0)),
+    )
+    tokenize: bool = field(
+        default=False,
+        metadata=spec("tokenize text inputs as the training corpus was (default: split on spaces)"),
+    )
+    threads: int | None = field(
+        default=None, metadata=spec("torch threads per process", kind=int, range=Range(1))
+    )
     limits: Limits = field(default_factory=Limits)
-    header_timeout: float = 5.0  # seconds from a request's first byte to the end of its headers
-    truncate: bool = False  # cut long inputs to the limits instead of a 413 (a request's `truncate` wins)
+    header_timeout: float = field(
+        default=5.0,
+        metadata=spec(
+            "seconds a request's headers may take to arrive (default {default:g}); past it 408",
+            kind=float,
+            range=Range(0),
+        ),
+    )
+    truncate: bool = field(
+        default=False,
+        metadata=spec("cut long inputs to the limits instead of a 413 (a request's 'truncate' overrides it)"),
+    )
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -187,13 +233,28 @@ def _load(
     return served
 
 
-def load_models(config: ServeConfig) -> list[ServedModel]:
-    """Every model of ``config``, loaded and warmed up (each on its own thread, with
-    ``config.threads`` torch threads); two with one name are a ValueError."""
-    names = [model_name(spec)[0] for spec in config.models]
+def _served_names(config: ServeConfig) -> list[tuple[str, str]]:
+    """(name served, spec loaded) of each model of ``config``; two with one name are a ValueError."""
+    named = [model_name(spec) for spec in config.models]
+    names = [name for name, _ in named]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"two --model share the name {twice[0]}; name them with NAME=SPEC")
+    return named
+
+
+def check_models(config: ServeConfig) -> None:
+    """Raise the one-line error of a model of ``config`` that cannot be served (two with one
+    name, a spec that names no model: ``hub.resolve_model``, which downloads what is not
+    cached), before a socket is bound or a worker process started."""
+    for _, source in _served_names(config):
+        resolve_model(source)
+
+
+def load_models(config: ServeConfig) -> list[ServedModel]:
+    """Every model of ``config``, loaded and warmed up (each on its own thread, with
+    ``config.threads`` torch threads); two with one name are a ValueError."""
+    _served_names(config)
     return [
         load_model(spec, config.device, config.max_batch_tokens, config.threads) for spec in config.models
     ]

@@ -17,12 +17,13 @@ equal weights times a learned gamma; ``top``, the top layer alone.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..base._arguments import spec
 from ..model.elmo import Elmo
 from ..model.scalar_mix import ScalarMix
 from .crf import ConditionalRandomField
@@ -51,20 +52,44 @@ class ModelConfig:
     ELMo enters the BiLSTM and ``elmo_weighting``/``mix_l2`` how its layers are weighted (module
     docstring)."""
 
-    word_dim: int = 100
+    word_dim: int = field(default=100, metadata=spec("0: no word embeddings", kind=int))
     char_dim: int = 16
-    char_filters: int = 50
+    char_filters: int = field(default=50, metadata=spec("0: no char CNN", kind=int))
     char_width: int = 3
-    hidden: int = 128
-    lstm_layers: int = 1
-    dropout: float = 0.5
+    hidden: int = field(default=128, metadata=spec("BiLSTM cells per direction", kind=int))
+    lstm_layers: int = field(default=1, metadata=spec("BiLSTM layers of the task model", kind=int))
+    dropout: float = field(default=0.5, metadata=spec("dropout rate of the task model", kind=float))
     elmo_layers: int = 0
     elmo_dim: int = 0
-    elmo_layer_norm: bool = False
+    elmo_layer_norm: bool = field(default=False, metadata=spec("layer-normalise the biLM layers in the mix"))
     fine_tune_elmo: bool = False
-    elmo_at: str = "input"
-    elmo_weighting: str = "mix"
-    mix_l2: float = 0.0
+    elmo_at: str = field(
+        default="input",
+        metadata=spec(
+            "where ELMo enters the task BiLSTM: its input (beside the token features), its output "
+            "(beside its states, before the output layer) or both, each with its own layer weights "
+            "(default {default})",
+            choices=ELMO_SITES,
+        ),
+    )
+    elmo_weighting: str = field(
+        default="mix",
+        metadata=spec(
+            "how the biLM layers are weighted: mix (learned softmax weights and scale), average "
+            "(equal weights, learned scale) or top (the top layer alone) (default {default})",
+            choices=ELMO_WEIGHTINGS,
+            option="--layers",
+        ),
+    )
+    mix_l2: float = field(
+        default=0.0,
+        metadata=spec(
+            "with --layers mix: add LAMBDA * sum(s_j^2) of the raw layer weights to the loss; large "
+            "values pull the mix to an average (the paper's lambda: 1 or 0.001) (default {default:g})",
+            kind=float,
+            metavar="LAMBDA",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.elmo_at not in ELMO_SITES:
@@ -139,9 +164,7 @@ class LayerWeighting(nn.Module):
         self.weighting = weighting
         self.scalar_mix = None
         if weighting != "top":
-            self.scalar_mix = ScalarMix(
-                num_layers, do_layer_norm=layer_norm, trainable=weighting == "mix"
-            )
+            self.scalar_mix = ScalarMix(num_layers, do_layer_norm=layer_norm, trainable=weighting == "mix")
 
     def forward(self, layers: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.scalar_mix is None:
@@ -177,9 +200,7 @@ class TokenFeatures(nn.Module):
             if self.elmo_input:
                 dim += elmo.output_dim
         elif self.elmo_input:
-            self.weighting = LayerWeighting(
-                config.elmo_layers, config.elmo_weighting, config.elmo_layer_norm
-            )
+            self.weighting = LayerWeighting(config.elmo_layers, config.elmo_weighting, config.elmo_layer_norm)
             dim += config.elmo_dim
         if dim == 0:
             raise ValueError("the model has no input: enable word embeddings, char features or ELMo")

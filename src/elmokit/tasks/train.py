@@ -9,6 +9,7 @@ pickled; ``TrainedTask.load(folder)`` reads a model back.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import logging
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..base._arguments import spec
 from ..base.atomic import atomic_path, check_outputs_in, disk_full_reason, write_bytes, write_json
 from ..base.jsonfiles import read_json
 from ..base.task_data import (
@@ -55,9 +57,19 @@ logger = logging.getLogger(__name__)
 MODEL_FORMAT = "elmokit-task-model-v2"
 
 TASKS = ("ner", "pos", "sentiment")
+ELMO_DTYPES = ("float32", "int8")  # the frozen biLM's features (elmokit.model.int8)
+_ROUND_UPDATES = 100  # the default of TaskConfig.round_updates, which --rounds' help names
 METRICS = {"ner": "f1", "pos": "accuracy", "sentiment": "accuracy"}
 PAD, UNK = "<pad>", "<unk>"
 PAD_CHAR = 261  # the shifted id of elmokit's padding character
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a share of the training sentences, in (0, 1]."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], e.g. 0.01, 0.1 or 1; got {text}")
+    return value
 
 
 @dataclass
@@ -71,33 +83,86 @@ class TaskConfig:
     epochs if that is given. The model of the best round is kept.
     """
 
-    task: str
-    train: str
-    dev: str
-    test: str
-    out: str
-    elmo: str | None = DEFAULT_MODEL  # None: the baseline without ELMo
-    fine_tune_elmo: bool = False
-    train_fraction: float = 1.0
-    seed: int = 0
-    rounds: int = 30
-    patience: int = 5
-    round_updates: int = 100
-    epochs: int | None = None  # at most this many epochs (None: only rounds and patience stop)
-    batch_size: int = 32
-    lr: float = 1e-3
-    elmo_lr: float | None = None  # the biLM's learning rate when fine-tuning (None: lr)
+    task: str = field(metadata=spec(f"the task: {', '.join(TASKS)}", choices=TASKS, option="task"))
+    train: str = field(metadata=spec("training file", required=True))
+    dev: str = field(metadata=spec("development file (early stopping)", required=True))
+    test: str = field(metadata=spec("test file", required=True))
+    out: str = field(metadata=spec("output folder", required=True))
+    elmo: str | None = field(  # None: the baseline without ELMo
+        default=DEFAULT_MODEL,
+        metadata=spec(
+            "a model in any form elmokit takes: a shipped or known name, a model folder, a .zip "
+            "archive, a URL or hf://owner/name (default {default}; not ELMoForManyLangs)",
+            metavar="MODEL",
+        ),
+    )
+    fine_tune_elmo: bool = field(
+        default=False, metadata=spec("train the biLM too (runs it every step; slow)")
+    )
+    train_fraction: float = field(
+        default=1.0, metadata=spec("use this share of the training sentences", kind=_fraction)
+    )
+    seed: int = field(
+        default=0, metadata=spec("random seed: initial weights, batches, --train-fraction's share", kind=int)
+    )
+    rounds: int = field(
+        default=30,
+        metadata=spec(
+            f"at most this many rounds; a round is the fewest whole epochs with at least "
+            f"{_ROUND_UPDATES} updates (--round-updates), and dev is scored after each",
+            kind=int,
+        ),
+    )
+    patience: int = field(
+        default=5, metadata=spec("stop after this many rounds without a dev gain", kind=int)
+    )
+    round_updates: int = field(
+        default=_ROUND_UPDATES, metadata=spec("the fewest updates in a round", kind=int)
+    )
+    epochs: int | None = field(  # None: only rounds and patience stop
+        default=None,
+        metadata=spec("at most this many epochs (default: rounds and patience decide)", kind=int),
+    )
+    batch_size: int = field(default=32, metadata=spec("sentences per update", kind=int))
+    lr: float = field(default=1e-3, metadata=spec("learning rate (Adam)", kind=float))
+    elmo_lr: float | None = field(  # the biLM's learning rate when fine-tuning (None: lr)
+        default=None,
+        metadata=spec("with --fine-tune-elmo: the biLM's learning rate (default: --lr)", kind=float),
+    )
     weight_decay: float = 0.0
     clip_norm: float = 5.0
-    binary: bool = False  # sentiment: SST-2 instead of SST-5
+    binary: bool = field(  # sentiment: SST-2 instead of SST-5
+        default=False, metadata=spec("sentiment: SST-2 (drop neutral, negative/positive)")
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
-    cache_dir: str | None = None
-    elmo_batch_size: int = 64
-    elmo_dtype: str = "float32"  # the frozen biLM's features: float32 or int8 (elmokit.model.int8)
-    threads: int | None = 1  # torch CPU threads during the run (None: leave torch's setting)
+    cache_dir: str | None = field(
+        default=None, metadata=spec("where the biLM layers are cached (default ~/.cache/elmokit/task-layers)")
+    )
+    elmo_batch_size: int = field(
+        default=64,
+        metadata=spec("sentences per batch when the biLM's layers are computed for the cache", kind=int),
+    )
+    elmo_dtype: str = field(  # the frozen biLM's features (elmokit.model.int8)
+        default="float32",
+        metadata=spec(
+            "the frozen biLM's features: {default} (default) or int8 matmuls (approximate; "
+            "docs/export.md); cached under their own key",
+            choices=ELMO_DTYPES,
+        ),
+    )
+    threads: int | None = field(  # torch CPU threads during the run (None: leave torch's setting)
+        default=1,
+        metadata=spec(
+            "torch CPU threads (default {default}: these small models run fastest on one; 0 = "
+            "torch's default)",
+            kind=int,
+        ),
+    )
     word_dropout: float = 0.5  # chance of replacing a training-set singleton by <unk>
-    progress: bool = True
-    overwrite: bool = False  # replace the output files of an earlier run in ``out``
+    progress: bool = field(default=True, metadata=spec("no progress output", option="--quiet", invert=True))
+    overwrite: bool = field(  # replace the output files of an earlier run in ``out``
+        default=False, metadata=spec("replace the files of an earlier run in --out")
+    )
     tag_scheme: str = "IOB1"  # NER: the training file's scheme, which predictions are written in
 
     def __post_init__(self) -> None:
@@ -116,7 +181,7 @@ class TaskConfig:
                 "--fine-tune-elmo uses the Elmo module's own scalar mixes: --layers and --mix-l2 "
                 "apply to the frozen biLM's cached layers only"
             )
-        if self.elmo_dtype not in ("float32", "int8"):
+        if self.elmo_dtype not in ELMO_DTYPES:
             raise ValueError(f"elmo_dtype must be float32 or int8, got {self.elmo_dtype!r}")
         if self.elmo_dtype != "float32" and (self.elmo is None or self.fine_tune_elmo):
             raise ValueError(

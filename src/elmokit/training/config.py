@@ -1,8 +1,9 @@
 """A training run's configuration: ``TrainConfig``, frozen and validated in one place.
 
 Each field carries what the command line needs to offer it (``OptionSpec`` in the field's
-metadata: its help, the values it allows, how to parse it), so that ``elmokit train``'s options
-and their help are generated from the fields (``train_options``) and a value is checked by the
+metadata: its help, the values it allows, how to parse it; ``elmokit.base._arguments``), so that
+``elmokit train``'s options and their help are generated from the fields (``train_options``,
+``base._arguments.add_options``) and a value is checked by the
 same rule whether it came from the command line, a Python caller or a resumed run's stored
 train_config.json (``TrainConfig.__post_init__``).
 
@@ -16,11 +17,12 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..base._arguments import OptionSpec, Range, field_default, field_option, field_spec, offered_fields, spec
 from ..base.atomic import write_json
 from ..base.bounds import check_training_size
 from ..base.devices import resolve_device
@@ -54,25 +56,6 @@ class TrainingError(RuntimeError):
     """A training run that cannot start or go on (bad data, non-finite loss, ...)."""
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric option allows: from ``low`` (``low`` itself when ``low_allowed``) up
-    to ``high`` (inclusive; None = no bound)."""
-
-    low: float
-    low_allowed: bool = True
-    high: float | None = None
-
-    def problem(self, value: float) -> str | None:
-        """Why ``value`` is outside the range, or None."""
-        if value < self.low or (value == self.low and not self.low_allowed):
-            bound = "at least" if self.low_allowed else "greater than"
-            return f"must be {bound} {self.low:g}, got {value:g}"
-        if self.high is not None and value > self.high:
-            return f"must be at most {self.high:g}, got {value:g}"
-        return None
-
-
 def parse_duration(text: str) -> float:
     """Seconds in "90", "90s", "45m", "2h" or "1.5h"."""
     units = {"s": 1, "m": 60, "h": 3600}
@@ -93,26 +76,6 @@ def parse_gpus(text: str) -> tuple[int, ...]:
         raise ValueError(f"not a list of GPU numbers: {text!r} (e.g. 0,1)") from None
 
 
-@dataclass(frozen=True)
-class OptionSpec:
-    """How ``elmokit train`` offers a TrainConfig field: its help (the default is added from the
-    field), the values it allows, and how its text is read."""
-
-    help: str
-    kind: Callable[[str], Any] = str  # int, float, parse_duration, ...
-    range: Range | None = None
-    choices: tuple[str, ...] | None = None
-    option: str | None = None  # the option's name when it is not the field's
-    metavar: str | None = None
-    group: str | None = None  # an argument group's title
-    required: bool = False
-    default_text: str | None = None  # the default shown, when not the field's own
-
-
-def _spec(help: str, **kw: Any) -> dict[str, OptionSpec]:
-    return {"option": OptionSpec(help, **kw)}
-
-
 DEFAULT_EPOCHS = 10.0  # when no limit is given
 STOP = f"when to stop (default: {DEFAULT_EPOCHS:g} epochs)"
 PRECISIONS = ("fp32", "bf16")
@@ -126,11 +89,11 @@ class TrainConfig:
     (null), and its resume gives them. A value outside what its option allows is a ValueError
     naming the option."""
 
-    train: str = field(metadata=_spec("glob of training text files (required unless --resume)"))
-    vocab: str | None = field(metadata=_spec("vocabulary file, elmokit vocab (required unless --resume)"))
-    save_dir: str = field(metadata=_spec("the run's folder: checkpoints, logs, configuration", required=True))
+    train: str = field(metadata=spec("glob of training text files (required unless --resume)"))
+    vocab: str | None = field(metadata=spec("vocabulary file, elmokit vocab (required unless --resume)"))
+    save_dir: str = field(metadata=spec("the run's folder: checkpoints, logs, configuration", required=True))
     options: dict[str, Any] = field(
-        metadata=_spec(
+        metadata=spec(
             "preset (tiny, small, medium, original) or a bilm-tf options .json",
             option="--config",
             metavar="CONFIG",
@@ -138,45 +101,45 @@ class TrainConfig:
         )
     )
     heldout: str | None = field(
-        default=None, metadata=_spec("glob of held-out files (evaluated at each checkpoint)")
+        default=None, metadata=spec("glob of held-out files (evaluated at each checkpoint)")
     )
     epochs: float | None = field(
-        default=None, metadata=_spec("passes over the corpus", kind=float, range=Range(0, False), group=STOP)
+        default=None, metadata=spec("passes over the corpus", kind=float, range=Range(0, False), group=STOP)
     )
     max_steps: int | None = field(
-        default=None, metadata=_spec("in all, resumed steps included", kind=int, range=Range(1), group=STOP)
+        default=None, metadata=spec("in all, resumed steps included", kind=int, range=Range(1), group=STOP)
     )
     max_time: float | None = field(  # seconds
         default=None,
-        metadata=_spec("e.g. 90m, 2h (this session)", kind=parse_duration, range=Range(0, False), group=STOP),
+        metadata=spec("e.g. 90m, 2h (this session)", kind=parse_duration, range=Range(0, False), group=STOP),
     )
-    batch_size: int = field(default=128, metadata=_spec("per process", kind=int, range=Range(1)))
-    unroll_steps: int = field(default=20, metadata=_spec("tokens per window", kind=int, range=Range(1)))
+    batch_size: int = field(default=128, metadata=spec("per process", kind=int, range=Range(1)))
+    unroll_steps: int = field(default=20, metadata=spec("tokens per window", kind=int, range=Range(1)))
     n_negative_samples: int = field(
-        default=8192, metadata=_spec("sampled softmax classes", kind=int, range=Range(1))
+        default=8192, metadata=spec("sampled softmax classes", kind=int, range=Range(1))
     )
-    lr: float = field(default=0.2, metadata=_spec("Adagrad learning rate", kind=float, range=Range(0, False)))
-    dropout: float = field(default=0.1, metadata=_spec("dropout", kind=float, range=Range(0, high=1)))
+    lr: float = field(default=0.2, metadata=spec("Adagrad learning rate", kind=float, range=Range(0, False)))
+    dropout: float = field(default=0.1, metadata=spec("dropout", kind=float, range=Range(0, high=1)))
     clip_norm: float = field(default=10.0, metadata={"range": Range(0, False)})
-    seed: int = field(default=0, metadata=_spec("random seed", kind=int, range=Range(0)))
-    device: str = field(default="cpu", metadata=_spec("cpu, cuda or cuda:N"))
+    seed: int = field(default=0, metadata=spec("random seed", kind=int, range=Range(0)))
+    device: str = field(default="cpu", metadata=spec("cpu, cuda or cuda:N"))
     gpus: tuple[int, ...] = field(
         default=(),
-        metadata=_spec(
+        metadata=spec(
             "start one process per listed GPU, e.g. 0,1,2 (NCCL DDP)", kind=parse_gpus, default_text="none"
         ),
     )
     checkpoint_minutes: float = field(
-        default=10.0, metadata=_spec("minutes between checkpoints", kind=float, range=Range(0))
+        default=10.0, metadata=spec("minutes between checkpoints", kind=float, range=Range(0))
     )
     log_every: int = field(default=10, metadata={"range": Range(1)})
     init_from: str | None = field(
-        default=None, metadata=_spec("model folder to fine-tune from (new vocabulary allowed)")
+        default=None, metadata=spec("model folder to fine-tune from (new vocabulary allowed)")
     )
     n_train_tokens: int | None = None  # counted from the corpus when None
     precision: str = field(
         default="fp32",
-        metadata=_spec(
+        metadata=spec(
             "bf16 autocasts the forward pass (GPUs and CPUs with bf16 support)", choices=PRECISIONS
         ),
     )
@@ -184,7 +147,7 @@ class TrainConfig:
     # model to start from the zero state, as stateless inference and bilm-tf's evaluation do.
     state_reset: float = field(
         default=0.0,
-        metadata=_spec(
+        metadata=spec(
             "probability of zeroing a row's carried LSTM state before a window "
             "(0 = original recipe; 0.01 teaches the model to start from zero)",
             kind=float,
@@ -193,7 +156,7 @@ class TrainConfig:
     )
     keep_checkpoints: int = field(
         default=1,
-        metadata=_spec(
+        metadata=spec(
             "keep the newest N checkpoints (besides the best), e.g. for export --average N",
             kind=int,
             range=Range(1),
@@ -230,8 +193,8 @@ def _check_value(f: Field[Any], value: Any) -> None:
     its range or not among its choices (None: not given, always allowed)."""
     if value is None:
         return
-    spec = f.metadata.get("option")
-    allowed = f.metadata.get("range") or (spec.range if spec else None)
+    option = field_spec(f)
+    allowed = f.metadata.get("range") or (option.range if option else None)
     if allowed is not None:
         whole = f.type in ("int", "int | None")
         if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
@@ -240,8 +203,8 @@ def _check_value(f: Field[Any], value: Any) -> None:
         problem = allowed.problem(value)
         if problem:
             raise ValueError(f"{option_name(f.name)} {problem}")
-    if spec is not None and spec.choices is not None and value not in spec.choices:
-        raise ValueError(f"{option_name(f.name)} must be one of {', '.join(spec.choices)}, got {value!r}")
+    if option is not None and option.choices is not None and value not in option.choices:
+        raise ValueError(f"{option_name(f.name)} must be one of {', '.join(option.choices)}, got {value!r}")
     if f.name == "gpus":
         if not isinstance(value, tuple) or not all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in value
@@ -281,16 +244,14 @@ DATA_PATHS = ("train", "vocab", "heldout")
 
 def option_name(field_name: str) -> str:
     """The command-line option of a TrainConfig field."""
-    return "--config" if field_name == "options" else "--" + field_name.replace("_", "-")
+    return field_option(_FIELDS[field_name])
 
 
 def train_options() -> Iterator[tuple[str, OptionSpec, Any]]:
     """The TrainConfig fields that ``elmokit train`` offers: (field name, spec, default; None
     when the field has none)."""
-    for f in fields(TrainConfig):
-        spec = f.metadata.get("option")
-        if spec is not None:
-            yield f.name, spec, None if f.default is MISSING else f.default
+    for f, option in offered_fields(TrainConfig):
+        yield f.name, option, field_default(f)
 
 
 def save_config(config: TrainConfig) -> None:

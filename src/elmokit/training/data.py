@@ -93,6 +93,19 @@ def corpus_files(pattern: PathLike) -> list[str]:
     return files
 
 
+def read_sentences(pattern: PathLike, limit: int | None = None) -> list[list[str]]:
+    """The sentences of the files a glob names: each non-empty line split on whitespace, in
+    file order, the first ``limit`` of them (None: all)."""
+    out: list[list[str]] = []
+    for path in corpus_files(pattern):
+        for line in read_lines(path):
+            if line.split():
+                out.append(line.split())
+            if limit is not None and len(out) >= limit:
+                return out
+    return out
+
+
 def _resolve_files(files: Files) -> list[str]:
     if isinstance(files, (str, os.PathLike)):
         return corpus_files(files)

@@ -1,4 +1,6 @@
-"""Held-out perplexity with bilm-tf's test protocol (``bilm/training.py:test``)."""
+"""Held-out perplexity with bilm-tf's test protocol (``bilm/training.py:test``), and what a start
+state does for it (``compare_start_modes``: the stream, and each sentence alone from zero states
+or from the start state)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from tqdm import tqdm
 from ..base.devices import resolve_device
 from ..base.textfiles import read_lines
 from ..lm.language_model import LanguageModel, batch_tensors
+from ..lm.start_state import sentence_losses
 from ..model.lstm import LstmState
-from .data import corpus_files, heldout_batches
+from .data import corpus_files, heldout_batches, read_sentences
 
 __all__ = ["PERPLEXITY_PROTOCOL", "Perplexity", "evaluate_perplexity"]
 
@@ -118,3 +121,50 @@ def evaluate_perplexity(
         tokens=count,
         protocol=PERPLEXITY_PROTOCOL.format(batch_size=batch_size, window=window),
     )
+
+
+@dataclass(frozen=True)
+class SentencePerplexity:
+    """Perplexity of held-out sentences each scored on its own from one start state
+    (``lm.start_state.sentence_losses``)."""
+
+    forward: float
+    backward: float
+    average: float  # exp(mean of 0.5 * (L_fwd + L_bwd)), as Perplexity.average
+    tokens: int  # predictions per direction
+
+
+@dataclass(frozen=True)
+class StartModes:
+    """Held-out perplexity in each way a sentence can start: the stateful stream (bilm-tf's
+    protocol, ``evaluate_perplexity``), and each sentence alone from zero states (zero mode)
+    and from the start state (warm mode)."""
+
+    stream: Perplexity
+    zero: SentencePerplexity
+    warm: SentencePerplexity
+
+
+def compare_start_modes(
+    model: LanguageModel,
+    heldout: Any,
+    start: LstmState,
+    device: str | torch.device = "cpu",
+    batch_size: int = 256,
+    progress: bool = False,
+) -> StartModes:
+    """The perplexity of the held-out text ``heldout`` (a glob; all of it) in the stream and
+    each sentence alone from zero states and from ``start`` (the model's start state, as
+    ``lm.start_state.estimate_start_state`` gives it; ``batch_size``: the stream's), as
+    ``elmokit start-state --heldout`` shows it."""
+    sentences = read_sentences(heldout)
+    stream = evaluate_perplexity(
+        model, model.vocab, heldout, batch_size=batch_size, device=device, progress=progress
+    )
+    alone = []
+    for state in (None, start):
+        forward, backward, n = sentence_losses(model, model.vocab, sentences, state, progress=progress)
+        alone.append(
+            SentencePerplexity(math.exp(forward), math.exp(backward), math.exp(0.5 * (forward + backward)), n)
+        )
+    return StartModes(stream, alone[0], alone[1])

@@ -19,12 +19,13 @@ from elmokit.lm.language_model import LanguageModel
 from elmokit.lm.vocabulary import Vocabulary
 from elmokit.model.options import preset
 from elmokit.training import loop
+from elmokit.training.collectives import Distributed, setup_distributed
 from elmokit.training.config import TrainConfig, TrainingError, prepare_run, resume_config
 from elmokit.training.data import BidirectionalLMBatches, count_tokens
 from elmokit.training.evaluate import evaluate_perplexity
 from elmokit.training.export import export_model
 from elmokit.training.launch import launch
-from elmokit.training.loop import Distributed, StopRequest, Trainer, setup_distributed
+from elmokit.training.loop import StopRequest, Trainer
 
 from .reference import run_direction, token_vector
 
@@ -147,16 +148,16 @@ def test_resume_continues_exactly(tmp_path, corpus):
 
 
 def test_metrics_log_from_an_older_version_gains_the_new_columns(tmp_path):
-    from elmokit.training.loop import _MetricsLog
+    from elmokit.training.metrics import MetricsLog
 
     path = tmp_path / "metrics.csv"
     path.write_text(
         "step,tokens,seconds,loss_forward,loss_backward,perplexity,tokens_per_second\n1,20,0.5,9,9,8103.1,40\n"
     )
-    log = _MetricsLog(path)
-    log.write(**dict(zip(_MetricsLog.FIELDS, [2, 40, 1.0, 8, 8, 2981.0, 40, 3.5])))
+    log = MetricsLog(path)
+    log.write(**dict(zip(MetricsLog.FIELDS, [2, 40, 1.0, 8, 8, 2981.0, 40, 3.5])))
     rows = path.read_text().splitlines()
-    assert rows == [",".join(_MetricsLog.FIELDS), "1,20,0.5,9,9,8103.1,40,", "2,40,1.0,8,8,2981.0,40,3.5"]
+    assert rows == [",".join(MetricsLog.FIELDS), "1,20,0.5,9,9,8103.1,40,", "2,40,1.0,8,8,2981.0,40,3.5"]
 
 
 def test_save_dir_with_another_run_needs_resume(tmp_path, corpus):

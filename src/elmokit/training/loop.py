@@ -39,14 +39,9 @@ from ..base.devices import Process
 from ..lm.checkpoints import (
     CHECKPOINT_POINTER,
     VOCAB_FILE,
-    checkpoint_folders,
+    SaveFolder,
     checkpoint_name,
-    keep_if_best,
     load_checkpoint_file,
-    partial_folder,
-    publish_checkpoint,
-    remove_leftovers,
-    resume_point,
     rng_state,
     save_checkpoint_file,
     set_rng_state,
@@ -174,6 +169,7 @@ class Trainer:
         self.config, self.data, self.env = config, data, env
         self.vocab = vocab  # for held-out evaluation (read from config.vocab when None)
         self.save_dir = Path(config.save_dir)
+        self.save_folder = SaveFolder(self.save_dir)
         torch.manual_seed(config.seed)
         self.model = LanguageModel(config.options, vocab_size, config.dropout).to(env.device)
         self.module: nn.Module = self.model
@@ -270,7 +266,7 @@ class Trainer:
         result = self.evaluate_heldout()
         if result is not None:
             figures = {"forward": result.forward, "backward": result.backward, "average": result.average}
-            keep_if_best(self.save_dir, folder, self.run.step, figures, self.config.keep_checkpoints)
+            self.save_folder.keep_if_best(folder, self.run.step, figures, self.config.keep_checkpoints)
         self.env.barrier()
 
     def save_checkpoint(self) -> Path:
@@ -278,7 +274,7 @@ class Trainer:
         and point ``latest`` at it; the previous latest is deleted unless it is the best so far.
         A failed write (a full disk, ...) removes the partial folder and raises TrainingError:
         the previous checkpoint stays the latest."""
-        partial = partial_folder(self.save_dir, self.run.step)
+        partial = self.save_folder.partial_folder(self.run.step)
 
         def make_folder() -> None:
             if self.env.process.is_main:
@@ -304,7 +300,7 @@ class Trainer:
 
         def publish() -> None:
             if self.env.process.is_main:
-                publish_checkpoint(self.save_dir, partial, self.run.step, self.config.keep_checkpoints)
+                self.save_folder.publish_checkpoint(partial, self.run.step, self.config.keep_checkpoints)
 
         for action in (make_folder, write_files, publish):
             self._on_every_process(action, partial)
@@ -521,9 +517,10 @@ def train(
     how the session ended."""
     env = setup_distributed(config, process)
     save_dir = Path(config.save_dir)
-    latest = resume_point(save_dir, resume_from) if resume else None
+    save_folder = SaveFolder(save_dir)
+    latest = save_folder.resume_point(resume_from) if resume else None
     if env.process.is_main:
-        removed = remove_leftovers(save_dir)
+        removed = save_folder.remove_leftovers()
         if removed:
             logger.info("removed what an interrupted run left in %s: %s", save_dir, ", ".join(removed))
     own_vocab = save_dir / VOCAB_FILE
@@ -559,7 +556,7 @@ def train(
     trainer = Trainer(config, data, len(vocab), env, vocab=vocab)
     if latest is not None:
         trainer.load_checkpoint(latest, data=not new_data)
-        newer = [p.name for p in checkpoint_folders(save_dir) if p.name > latest.name]
+        newer = [p.name for p in save_folder.checkpoint_folders() if p.name > latest.name]
         if newer and env.process.is_main:
             logger.info(
                 "resuming from %s; %s, written after it by a run that stopped before pointing "

@@ -22,9 +22,9 @@ import logging
 import math
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from ..base.atomic import write_text
 from ..base.devices import Process
+from ..base.signals import STOP_SIGNALS, installed
 from ..lm.checkpoints import (
     CHECKPOINT_POINTER,
     VOCAB_FILE,
@@ -91,19 +92,20 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequest:
-    """Turns SIGINT/SIGTERM into a request to stop after the current step (a second signal
-    interrupts at once with ``Interrupted``), so an interrupted run ends with a checkpoint.
+    """While the block runs, turns SIGINT/SIGTERM into a request to stop after the current step
+    (a second signal interrupts at once with ``Interrupted``), so an interrupted run ends with a
+    checkpoint; in the main thread only, and the handlers found are restored afterwards
+    (``signals.installed``).
 
     A repeat within ``REPEAT_SECONDS`` is the same request: a process of a multi-process run may
     get one Ctrl-C both from the terminal and from its launcher, which passes it on."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
     REPEAT_SECONDS = 1.0
 
     def __init__(self) -> None:
         self.signum = 0  # the signal that requested the stop (0: none)
         self._since = 0.0
-        self._previous: dict[int, Any] = {}
+        self._handlers = ExitStack()
 
     @property
     def requested(self) -> bool:
@@ -121,14 +123,11 @@ class StopRequest:
         )
 
     def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        self._handlers.enter_context(installed(dict.fromkeys(STOP_SIGNALS, self._handle)))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        self._handlers.close()
 
 
 @dataclass
@@ -384,7 +383,9 @@ def run_training(
     session, checkpointing every ``checkpoint_minutes`` and at the end (unless the last step has
     its checkpoint already). ``step_limit`` names the step limit in the outcome (default
     "--max-steps N"). metrics.csv and heldout.csv lose any rows past the step the run starts
-    from (steps a crash made the run repeat)."""
+    from (steps a crash made the run repeat). While it runs, SIGINT and SIGTERM ask it to stop
+    after the current step with a checkpoint (``StopRequest``: in the main thread, the handlers
+    found restored when it returns)."""
     env = trainer.env
     metrics = None
     if env.process.is_main:
@@ -514,7 +515,7 @@ def train(
     any checkpoint starts from step 0. ``new_data`` (with ``resume``): the corpus changed (more
     or other text); weights, optimizer state and step continue, the corpus is read from its
     beginning and its size is counted again. ``process``: ``devices.this_process()``. Returns
-    how the session ended."""
+    how the session ended; SIGINT or SIGTERM stop it after the current step (``run_training``)."""
     env = setup_distributed(config, process)
     save_dir = Path(config.save_dir)
     save_folder = SaveFolder(save_dir)

@@ -82,9 +82,10 @@ def build_trainer(
     (trainer, batches, vocabulary)."""
     from elmokit.lm.vocabulary import Vocabulary
     from elmokit.model.options import BiLMOptions
+    from elmokit.training.collectives import Distributed
     from elmokit.training.config import TrainConfig
     from elmokit.training.data import BidirectionalLMBatches, corpus_files
-    from elmokit.training.loop import Distributed, Trainer
+    from elmokit.training.loop import Trainer
 
     vocab = Vocabulary.from_file(vocab_file)
     max_chars = BiLMOptions.from_dict(options).char_cnn.max_characters_per_token

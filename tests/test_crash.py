@@ -25,7 +25,7 @@ import h5py
 import numpy as np
 import torch
 
-from elmokit.lm.checkpoints import latest_checkpoint, load_checkpoint_file
+from elmokit.lm.checkpoints import SaveFolder, load_checkpoint_file
 from elmokit.lm.vocabulary import Vocabulary
 from elmokit.training.data import count_tokens
 
@@ -145,7 +145,7 @@ def test_killed_training_resumes_to_the_uninterrupted_result(tmp_path):
         begun = (save_dir / "train_config.json").exists()
         args = ["train", "--save-dir", save_dir, "--resume"] if begun else [*fresh, "--save-dir", save_dir]
         started = None if first else written_after(save_dir / "train_config.json", time.time())
-        latest = latest_checkpoint(save_dir)
+        latest = SaveFolder(save_dir).latest_checkpoint()
         remaining = STEPS - (int(latest.name.split("-")[1]) if latest else 0)
         after = rng.uniform(0, whole if first else 1.2 * trains * remaining / STEPS) if kill else None
         code, _ = elmokit(args, tmp_path, started, after)
@@ -164,14 +164,14 @@ def test_killed_training_resumes_to_the_uninterrupted_result(tmp_path):
     kills = 0
     for k in range(KILLS):
         kills += session(run, kill=True, rng=rng, first=k == 0) is None
-        latest = latest_checkpoint(run)
+        latest = SaveFolder(run).latest_checkpoint()
         if latest is not None:  # whatever `latest` names is complete
             assert load_checkpoint_file(latest / "model.pt")["run"]["step"] == int(latest.name.split("-")[1])
     assert kills > 0
     assert session(run, kill=False, rng=rng) == 0
 
-    expected = load_checkpoint_file(latest_checkpoint(reference) / "model.pt")
-    got = load_checkpoint_file(latest_checkpoint(run) / "model.pt")
+    expected = load_checkpoint_file(SaveFolder(reference).latest_checkpoint() / "model.pt")
+    got = load_checkpoint_file(SaveFolder(run).latest_checkpoint() / "model.pt")
     assert got["run"]["step"] == expected["run"]["step"] == STEPS
     assert got["model"].keys() == expected["model"].keys()
     for name, value in expected["model"].items():

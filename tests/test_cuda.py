@@ -13,8 +13,9 @@ import torch
 from elmokit import BiLM, Elmo, Embedder, batch_to_ids
 from elmokit.cli import main as cli_main
 from elmokit.lm.vocabulary import Vocabulary
+from elmokit.training.collectives import Distributed
 from elmokit.training.data import BidirectionalLMBatches
-from elmokit.training.loop import Distributed, Trainer
+from elmokit.training.loop import Trainer
 
 from .conftest import TINY
 from .test_train import corpus, make_config  # noqa: F401  (corpus is a fixture)

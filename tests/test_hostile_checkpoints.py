@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit.lm.checkpoints import latest_checkpoint, load_checkpoint_file
+from elmokit.lm.checkpoints import SaveFolder, load_checkpoint_file
 from elmokit.lm.vocabulary import Vocabulary
 from elmokit.training.data import count_tokens
 
@@ -126,7 +126,7 @@ def test_resume_from_a_named_checkpoint_continues_there(run, tmp_path, capsys):
     shutil.move(run / "checkpoint-000000005", tmp_path / "checkpoint-000000005")  # best.json's
     code, out, err = cli(capsys, *args)
     assert code == 0 and "finished at step 6" in out, err
-    assert latest_checkpoint(run).name == "checkpoint-000000006"
+    assert SaveFolder(run).latest_checkpoint().name == "checkpoint-000000006"
     assert load_checkpoint_file(run / "checkpoint-000000006" / "model.pt")["run"]["step"] == 6
     heldout_steps = [int(r.split(",")[0]) for r in (run / "heldout.csv").read_text().splitlines()[1:]]
     assert heldout_steps == [1, 2, 3, 4, 5, 6]  # the first step 5's row dropped: it went on from 4
@@ -227,7 +227,7 @@ def test_the_committed_pre_manifest_checkpoint_verifies():
     from elmokit.lm.checkpoints import verify_checkpoint_file
 
     folder = Path(__file__).parent.parent / "checkpoints" / "news-512"
-    latest = latest_checkpoint(folder)
+    latest = SaveFolder(folder).latest_checkpoint()
     if latest is None:
         pytest.skip("the repository's checkpoints folder is not here")
     for file in sorted(latest.glob("*.pt")):
@@ -275,6 +275,6 @@ def test_a_full_disk_is_named_and_the_previous_checkpoint_stays(run, capsys, mon
     monkeypatch.setattr(torch, "save", to_full_disk)
     line = refused(capsys, "train", "--save-dir", run, "--resume", "--max-steps", 6)
     assert f"in {run} failed" in line and "no space left" in line
-    assert latest_checkpoint(run).name == "checkpoint-000000005"
+    assert SaveFolder(run).latest_checkpoint().name == "checkpoint-000000005"
     assert snapshot(run / "checkpoint-000000005") == before
     assert not list(run.glob(".checkpoint-*"))

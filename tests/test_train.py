@@ -14,17 +14,18 @@ import torch
 
 from elmokit import BiLM
 from elmokit.base._processes import run_processes
-from elmokit.lm.checkpoints import latest_checkpoint, load_checkpoint_file
+from elmokit.lm.checkpoints import SaveFolder, load_checkpoint_file
 from elmokit.lm.language_model import LanguageModel
 from elmokit.lm.vocabulary import Vocabulary
 from elmokit.model.options import preset
 from elmokit.training import loop
+from elmokit.training.collectives import Distributed, setup_distributed
 from elmokit.training.config import TrainConfig, TrainingError, prepare_run, resume_config
 from elmokit.training.data import BidirectionalLMBatches, count_tokens
 from elmokit.training.evaluate import evaluate_perplexity
 from elmokit.training.export import export_model
 from elmokit.training.launch import launch
-from elmokit.training.loop import Distributed, StopRequest, Trainer, setup_distributed
+from elmokit.training.loop import StopRequest, Trainer
 
 from .reference import run_direction, token_vector
 
@@ -147,16 +148,16 @@ def test_resume_continues_exactly(tmp_path, corpus):
 
 
 def test_metrics_log_from_an_older_version_gains_the_new_columns(tmp_path):
-    from elmokit.training.loop import _MetricsLog
+    from elmokit.training.metrics import MetricsLog
 
     path = tmp_path / "metrics.csv"
     path.write_text(
         "step,tokens,seconds,loss_forward,loss_backward,perplexity,tokens_per_second\n1,20,0.5,9,9,8103.1,40\n"
     )
-    log = _MetricsLog(path)
-    log.write(**dict(zip(_MetricsLog.FIELDS, [2, 40, 1.0, 8, 8, 2981.0, 40, 3.5])))
+    log = MetricsLog(path)
+    log.write(**dict(zip(MetricsLog.FIELDS, [2, 40, 1.0, 8, 8, 2981.0, 40, 3.5])))
     rows = path.read_text().splitlines()
-    assert rows == [",".join(_MetricsLog.FIELDS), "1,20,0.5,9,9,8103.1,40,", "2,40,1.0,8,8,2981.0,40,3.5"]
+    assert rows == [",".join(MetricsLog.FIELDS), "1,20,0.5,9,9,8103.1,40,", "2,40,1.0,8,8,2981.0,40,3.5"]
 
 
 def test_save_dir_with_another_run_needs_resume(tmp_path, corpus):
@@ -210,7 +211,7 @@ def test_non_finite_loss_stops_and_says_which_checkpoint_is_kept(tmp_path, corpu
         TrainingError, match=r"^non-finite loss \(nan\) at step 2; the run stopped; " + re.escape(kept) + "$"
     ):
         trainer.step(next(batches))
-    assert latest_checkpoint(tmp_path / "run") == good
+    assert SaveFolder(tmp_path / "run").latest_checkpoint() == good
     saved = load_checkpoint_file(good / "model.pt")["model"]
     assert torch.isfinite(saved["softmax.bias"]).all()
 
@@ -322,9 +323,9 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, corpus):
 def test_nproc_trains_in_two_processes_and_resumes(tmp_path, corpus):
     """``elmokit train --nproc 2``: two gloo processes through the elastic launcher, one checkpoint."""
     launch(make_config(tmp_path, corpus, max_steps=2), resume=False, processes=2)
-    saved = load_checkpoint_file(latest_checkpoint(tmp_path / "run") / "model.pt")
+    saved = load_checkpoint_file(SaveFolder(tmp_path / "run").latest_checkpoint() / "model.pt")
     assert (saved["world_size"], saved["run"]["step"], saved["run"]["tokens"]) == (2, 2, 2 * 2 * 4 * 5)
-    assert sorted(p.name for p in latest_checkpoint(tmp_path / "run").glob("*.pt")) == [
+    assert sorted(p.name for p in SaveFolder(tmp_path / "run").latest_checkpoint().glob("*.pt")) == [
         "model.pt",
         "rank0.pt",
         "rank1.pt",
@@ -393,7 +394,7 @@ def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, corpus):
         "SIGINT",
         False,
     )
-    assert latest_checkpoint(tmp_path / "run").name.endswith("4")
+    assert SaveFolder(tmp_path / "run").latest_checkpoint().name.endswith("4")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
 
@@ -419,7 +420,7 @@ def test_best_checkpoint_by_heldout_is_kept_and_exported(tmp_path, corpus, monke
     ]
     best = json.loads((run / "best.json").read_text())
     assert (best["folder"], best["step"], best["average"]) == ("checkpoint-000000002", 2, 4.0)
-    assert latest_checkpoint(run).name == "checkpoint-000000003"
+    assert SaveFolder(run).latest_checkpoint().name == "checkpoint-000000003"
     for which, step in (("best", 2), ("latest", 3)):
         out = export_model(run, tmp_path / which, checkpoint=which)
         history = json.loads((out / "training.json").read_text())
@@ -455,7 +456,7 @@ def last_line(text: str) -> str:
 
 
 def weights(save_dir: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint_file(latest_checkpoint(save_dir) / "model.pt")["model"]
+    return load_checkpoint_file(SaveFolder(save_dir).latest_checkpoint() / "model.pt")["model"]
 
 
 def steps_logged(save_dir: Path) -> list[int]:
@@ -555,9 +556,9 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
     monkeypatch.chdir(elsewhere)
     code, out, _ = cli(capsys, "train", "--save-dir", tmp_path / "b", "--resume", "--max-steps", 3)
     assert code == 0 and last_line(out).startswith("finished at step 3: reached --max-steps 3.")
-    assert latest_checkpoint(tmp_path / "b").name == "checkpoint-000000003"
+    assert SaveFolder(tmp_path / "b").latest_checkpoint().name == "checkpoint-000000003"
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == original  # untouched
-    assert latest_checkpoint(tmp_path / "a").name == "checkpoint-000000002"
+    assert SaveFolder(tmp_path / "a").latest_checkpoint().name == "checkpoint-000000002"
     assert all(torch.equal(a_weights[k], v) for k, v in weights(tmp_path / "a").items())
 
     # a train_config.json of an older version names its save dir: ignored
@@ -582,8 +583,8 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
         "--train",
         tmp_path / "moved" / "shard-*.txt",
     )
-    assert code == 0 and latest_checkpoint(tmp_path / "b").name == "checkpoint-000000004"
-    assert latest_checkpoint(tmp_path / "a").name == "checkpoint-000000002"
+    assert code == 0 and SaveFolder(tmp_path / "b").latest_checkpoint().name == "checkpoint-000000004"
+    assert SaveFolder(tmp_path / "a").latest_checkpoint().name == "checkpoint-000000002"
     stored = json.loads((tmp_path / "b" / "train_config.json").read_text())
     assert "save_dir" not in stored and stored["train"] == str(tmp_path / "moved" / "shard-*.txt")
     # other shards are refused by name
@@ -595,19 +596,19 @@ def test_resume_trains_the_given_save_dir_which_may_be_moved(tmp_path, corpus, c
         "or add --new-data to read the new ones from their beginning"
     )
     # --new-data: weights, optimizer and step continue on the new shards, read from their start
-    before = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
+    before = torch.load(SaveFolder(tmp_path / "b").latest_checkpoint() / "model.pt", weights_only=True)
     code, out, err = cli(
         capsys, "-v", "train", "--save-dir", tmp_path / "b", "--resume", "--new-data", "--max-steps", 5
     )
     assert code == 0 and out.count("continuing step 4 on a new corpus") == 1
     assert "continuing step" not in err  # once: the run's messages are its output, not also its log
-    assert latest_checkpoint(tmp_path / "b").name == "checkpoint-000000005"
-    after = torch.load(latest_checkpoint(tmp_path / "b") / "model.pt", weights_only=True)
+    assert SaveFolder(tmp_path / "b").latest_checkpoint().name == "checkpoint-000000005"
+    after = torch.load(SaveFolder(tmp_path / "b").latest_checkpoint() / "model.pt", weights_only=True)
     assert (
         after["run"]["step"] == 5
         and after["optimizer"]["state"].keys() == before["optimizer"]["state"].keys()
     )
-    rank0 = torch.load(latest_checkpoint(tmp_path / "b") / "rank0.pt", weights_only=True)
+    rank0 = torch.load(SaveFolder(tmp_path / "b").latest_checkpoint() / "rank0.pt", weights_only=True)
     stream = rank0["data"]["forward"]["stream"]
     # shards by file name only: no machine path in a checkpoint
     assert stream["files"] == ["shard-0.txt", "shard-9.txt"] and stream["epoch"] == 0
@@ -656,7 +657,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_or_resumes(tmp_p
             m.setattr(Trainer, "step", crash_at_step_3)
             with pytest.raises(RuntimeError, match="went away"):
                 train(make_config(tmp_path, corpus, max_steps=3, batch_size=2), progress=False)
-        assert latest_checkpoint(tmp_path / "run") is None and steps_logged(tmp_path / "run") == [1, 2]
+        assert SaveFolder(tmp_path / "run").latest_checkpoint() is None and steps_logged(tmp_path / "run") == [1, 2]
         config = make_config(tmp_path, corpus, max_steps=3)
         if resume:  # the stored configuration (batch 2) applies; the limits may change
             config = make_config(tmp_path, corpus, batch_size=2, max_steps=3)
@@ -727,7 +728,7 @@ def test_resume_changes_only_what_it_may(tmp_path, corpus, capsys):
     for args, message in refused.items():
         code, _, err = cli(capsys, "train", "--save-dir", run, "--resume", "--max-steps", 2, *args)
         assert (code, last_line(err)) == (2, message)
-        assert (run / "train_config.json").read_text() == before and latest_checkpoint(run).name.endswith("1")
+        assert (run / "train_config.json").read_text() == before and SaveFolder(run).latest_checkpoint().name.endswith("1")
     code, out, _ = cli(
         capsys,
         "train",
@@ -773,7 +774,7 @@ def test_a_signal_stops_early_with_its_exit_status_and_a_limit_ends_normally(
         f"elmokit: stopped early by SIGTERM at step 2: the run is not finished (its checkpoint is in "
         f"{run}). Resume with: elmokit train --save-dir {run} --resume"
     )
-    assert "finished" not in out and latest_checkpoint(run).name == "checkpoint-000000002"
+    assert "finished" not in out and SaveFolder(run).latest_checkpoint().name == "checkpoint-000000002"
     code, out, _ = cli(capsys, "train", "--save-dir", run, "--resume")  # its limit: --max-steps 4
     assert code == 0 and last_line(out) == (
         f"finished at step 4: reached --max-steps 4. Checkpoint and metrics.csv in {run}; export with: "
@@ -800,7 +801,7 @@ def test_a_signal_stops_early_with_its_exit_status_and_a_limit_ends_normally(
         f"elmokit train --save-dir {run} --resume"
     )
     assert (
-        latest_checkpoint(run).name == "checkpoint-000000004"
+        SaveFolder(run).latest_checkpoint().name == "checkpoint-000000004"
         and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     )
 
@@ -1006,7 +1007,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, corpu
         "train_config.json",
         "vocab.txt",
     ]
-    assert load_checkpoint_file(latest_checkpoint(run) / "model.pt")["run"]["step"] == 1
+    assert load_checkpoint_file(SaveFolder(run).latest_checkpoint() / "model.pt")["run"]["step"] == 1
     monkeypatch.undo()
     outcome = train(
         make_config(tmp_path, corpus, max_steps=3, checkpoint_minutes=0), resume=True, progress=False

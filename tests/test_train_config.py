@@ -16,6 +16,7 @@ import elmokit.training.launch as launch_module
 from elmokit.base.devices import Process
 from elmokit.cli import build_parser
 from elmokit.model.options import preset
+from elmokit.training.collectives import setup_distributed
 from elmokit.training.config import (
     TrainConfig,
     TrainingError,
@@ -24,7 +25,6 @@ from elmokit.training.config import (
     resume_config,
     train_options,
 )
-from elmokit.training.loop import setup_distributed
 
 from .test_train import TINY_RUN, cli, corpus, last_line  # noqa: F401 (corpus: a fixture)
 

@@ -1,2 +1,2 @@
-"""The base layer: files, text, size bounds, devices, processes and the fast-variant switches.
+"""The base layer: files, text, size bounds, devices, processes, signals and the fast-variant switches.
 No model, no network; every other package may import it."""

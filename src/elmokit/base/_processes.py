@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from .signals import installed, interrupt_on_sigint, pass_on
 
 __all__ = ["in_process_group", "run_processes"]
 
@@ -47,7 +47,7 @@ def _started_process(
     entrypoint: Callable[..., Any], args: tuple[Any, ...], nproc: int, share_cores: bool
 ) -> Any:
     """The body of each process that ``run_processes`` starts."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, as in the launcher
+    interrupt_on_sigint()  # not ignored, as in the launcher
     if share_cores:  # CPU processes share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     return in_process_group(entrypoint, args)
@@ -75,16 +75,8 @@ def run_processes(
         max_restarts=0,
         signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM: see below
     )
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
-        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _pass_on)
-    try:
-        with _quiet_launcher():
-            return elastic_launch(config, _started_process)(entrypoint, args, nproc, share_cores)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    with installed({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: pass_on}), _quiet_launcher():
+        return elastic_launch(config, _started_process)(entrypoint, args, nproc, share_cores)
 
 
 # the loggers of torch's elastic launcher, whose report of a failed process (a traceback of the
@@ -112,10 +104,3 @@ def _quiet_launcher() -> Iterator[None]:
     finally:
         for logger, disabled in zip(loggers, before):
             logger.disabled = disabled
-
-
-def _pass_on(signum: int, frame: Any) -> None:
-    """Send a signal that the launcher received on to the processes it started."""
-    for process in multiprocessing.active_children():
-        if process.pid is not None:
-            os.kill(process.pid, signum)

@@ -8,7 +8,8 @@ partial file under the final name, and nothing is left behind.
 SIGTERM kills a Python process at once by default, leaving the temporary file for the next write
 to remove. A program opts in, once, to having SIGTERM raise ``Terminated`` while a write is open
 (so the temporary file is removed too): ``with handle_signals(): ...`` (the command line does).
-A library call by itself never changes the process's signal handlers.
+A library call by itself never changes the process's signal handlers (``signals`` holds the
+rules).
 
 The temporary name ``.NAME.PID@HOST.XXXXXXXX.tmp`` says which process writes it: a process that
 cannot clean up (SIGKILL, a power cut) leaves one, and the next write of the same file on that
@@ -26,12 +27,13 @@ import signal
 import socket
 import stat
 import tempfile
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from .signals import at_default, in_main_thread, installed
 
 __all__ = [
     "Terminated",
@@ -254,16 +256,10 @@ def terminate_raises() -> Iterator[None]:
     blocks run) and Ctrl-C KeyboardInterrupt as usual, and both are recorded for
     ``raise_if_signalled``; a signal that has a handler of the program's own keeps it, and
     outside the main thread, or without the program's opt-in, nothing changes."""
-    if not _handling[-1] or threading.current_thread() is not threading.main_thread():
+    if not _handling[-1] or not in_main_thread():
         yield
         return
-    ours: dict[signal.Signals, Any] = {}
-    for wanted, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
-        try:
-            if signal.getsignal(wanted) is default:
-                ours[wanted] = default
-        except ValueError:
-            pass
+    ours = at_default((signal.SIGTERM, signal.SIGINT))
     if not ours:  # the program's own handlers, or an outer terminate_raises, are in place
         yield
         return
@@ -273,13 +269,10 @@ def terminate_raises() -> Iterator[None]:
         raise _interrupt(signum)
 
     _signalled.clear()
-    for ours_signum in ours:
-        signal.signal(ours_signum, handler)
     try:
-        yield
+        with installed(dict.fromkeys(ours, handler)):
+            yield
     finally:
-        for ours_signum, previous in ours.items():
-            signal.signal(ours_signum, previous)
         _signalled.clear()
 
 

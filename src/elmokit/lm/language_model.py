@@ -27,10 +27,7 @@ from ..model.weights import SOFTMAX_FILE, load_softmax, load_weights
 from .checkpoints import (
     CHECKPOINT_POINTER,
     CONFIG_FILE,
-    average_weights,
-    checkpoint_folder,
-    checkpoint_folders,
-    latest_checkpoint,
+    SaveFolder,
     load_checkpoint_file,
     read_json,
 )
@@ -162,14 +159,15 @@ class LanguageModel(nn.Module):
         if not vocab_file.is_file():
             raise FileNotFoundError(f"model folder {folder} has no vocab.txt")
         vocab = Vocabulary.from_file(vocab_file)
-        chosen = checkpoint_folder(folder, checkpoint)
+        save = SaveFolder(folder)
+        chosen = save.checkpoint_folder(checkpoint)
         if average is not None and checkpoint != "latest":
             raise ValueError(
                 f"--average needs a training save dir and its latest checkpoints; {folder} was asked "
                 "for its best checkpoint"
             )
         if chosen is None:
-            if checkpoint == "best" and latest_checkpoint(folder) is not None:
+            if checkpoint == "best" and save.latest_checkpoint() is not None:
                 raise FileNotFoundError(f"{folder} has no best checkpoint: the run had no held-out data")
             raise FileNotFoundError(f"{folder} has no {checkpoint} checkpoint")
         config = read_json(folder / CONFIG_FILE)
@@ -177,10 +175,10 @@ class LanguageModel(nn.Module):
         if average is None:
             weights = load_checkpoint_file(chosen / "model.pt")["model"]
         else:
-            weights = average_weights(folder, average)[0]
+            weights = save.average_weights(average)[0]
         model.load_state_dict(weights)
         files = [vocab_file, folder / CONFIG_FILE]
-        for checkpoint_dir in checkpoint_folders(folder):
+        for checkpoint_dir in save.checkpoint_folders():
             files += sorted(p for p in checkpoint_dir.iterdir() if p.is_file())
         model._source_files = tuple(files)
         return model, vocab
@@ -244,4 +242,4 @@ class LanguageModel(nn.Module):
 def _is_save_dir(folder: Path) -> bool:
     """Whether ``folder`` is a training save dir: its ``latest`` pointer or checkpoint folders."""
     pointer = folder / CHECKPOINT_POINTER
-    return pointer.exists() or pointer.is_symlink() or bool(checkpoint_folders(folder))
+    return pointer.exists() or pointer.is_symlink() or bool(SaveFolder(folder).checkpoint_folders())

@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import signal
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .._version import __version__
+from ..base.signals import STOP_SIGNALS, installed, noting
 from ..embed.vectors_file import output_array, select_layers
 from .batcher import Batcher, Metrics
 from .config import API_KEY_ENV, CONFIG_ENV, Limits, ServeConfig, ServedModel, check_models, load_models
@@ -554,7 +554,8 @@ def serve(
     its app with ``worker_factory`` ("module:function", what uvicorn imports; the command line
     passes one that sets up logging in the new process first). ``http``: the HTTP parser, "auto"
     (httptools where installed, else h11), "httptools" or "h11", each within the request-head
-    limits (``elmokit.serve.http``)."""
+    limits (``elmokit.serve.http``). While it serves, SIGINT and SIGTERM have its handlers (in the
+    main thread, ``base.signals``); those it found are restored when it returns."""
     import socket
 
     import uvicorn
@@ -595,34 +596,35 @@ def serve(
         head.timeout,
     )
     stopped_by: list[int] = []
-    replayed = _note_signals(stopped_by)
-    try:
-        if workers > 1:
-            os.environ[CONFIG_ENV] = config.to_json()
-            if api_key:
-                os.environ[API_KEY_ENV] = api_key
-            log.info(
-                "serving %s on http://%s:%d with %d worker processes",
-                ", ".join(config.models),
-                host,
-                bound,
-                workers,
-            )
-            uvicorn.run(
-                worker_factory,
-                factory=True,
-                fd=sock.fileno(),
-                workers=workers,
-                **options,
-            )
-            return
-        app = create_app(load_models(config), config, api_key)
-        log.info("serving %s on http://%s:%d", ", ".join(m for m in config.models), host, bound)
-        uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
-    finally:
-        sock.close()
-        for signum, handler in replayed.items():
-            signal.signal(signum, handler)
+    # uvicorn handles SIGINT and SIGTERM while it serves (stop accepting, drain, shut down) and
+    # then raises the signal again into the handlers it found: these note it, so that a drained
+    # stop returns and the command exits 0 instead of dying by the signal (main thread only)
+    with installed(dict.fromkeys(STOP_SIGNALS, noting(stopped_by))):
+        try:
+            if workers > 1:
+                os.environ[CONFIG_ENV] = config.to_json()
+                if api_key:
+                    os.environ[API_KEY_ENV] = api_key
+                log.info(
+                    "serving %s on http://%s:%d with %d worker processes",
+                    ", ".join(config.models),
+                    host,
+                    bound,
+                    workers,
+                )
+                uvicorn.run(
+                    worker_factory,
+                    factory=True,
+                    fd=sock.fileno(),
+                    workers=workers,
+                    **options,
+                )
+                return
+            app = create_app(load_models(config), config, api_key)
+            log.info("serving %s on http://%s:%d", ", ".join(m for m in config.models), host, bound)
+            uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
+        finally:
+            sock.close()
     if stopped_by:
         log.info("stopped by %s after answering the requests in flight", signal.Signals(stopped_by[0]).name)
 
@@ -644,18 +646,3 @@ def _log_http_stack() -> None:
         )
     else:
         log.info("HTTP: uvloop and httptools")
-
-
-def _note_signals(stopped_by: list[int]) -> dict[int, Any]:
-    """Make SIGINT and SIGTERM append to ``stopped_by``; returns the handlers they had.
-
-    uvicorn handles both while it serves (stop accepting, drain, shut down) and then raises the
-    signal again into the handlers it found: these note it, so a drained stop returns and the
-    command exits 0 instead of dying by the signal. Only in the main thread (where signals go)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def note(signum: int, frame: Any) -> None:
-        stopped_by.append(signum)
-
-    return {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}

@@ -26,7 +26,7 @@ from ..base._arguments import OptionSpec, Range, field_default, field_option, fi
 from ..base.atomic import write_json
 from ..base.bounds import check_training_size
 from ..base.devices import resolve_device
-from ..lm.checkpoints import CONFIG_FILE, VOCAB_FILE, latest_checkpoint, read_json, resume_point
+from ..lm.checkpoints import CONFIG_FILE, VOCAB_FILE, SaveFolder, read_json
 from ..lm.vocabulary import Vocabulary
 from ..model.options import BiLMOptions
 
@@ -370,7 +370,7 @@ def resume_config(save_dir: str | Path, values: Mapping[str, Any]) -> TrainConfi
 def _source_options(model_dir: str | Path) -> dict[str, Any]:
     """The options of a model to fine-tune from (a training save dir or an exported folder)."""
     folder = Path(model_dir)
-    if latest_checkpoint(folder) is not None:
+    if SaveFolder(folder).latest_checkpoint() is not None:
         return read_json(folder / CONFIG_FILE)["options"]
     return BiLMOptions.from_file(folder / "options.json").to_dict()
 
@@ -382,7 +382,7 @@ def prepare_run(
     run's checkpoint unless resuming), once, before any process starts. A new run has its data
     paths made absolute and its options checked (or read from ``--init-from``'s model); a resumed
     one (``config`` from ``resume_config``) has the checkpoint to continue from checked
-    (``checkpoints.resume_point``). A save dir whose run stopped before its first checkpoint
+    (``SaveFolder.resume_point``). A save dir whose run stopped before its first checkpoint
     may be started afresh, or resumed from step 0 with its stored configuration."""
     if new_data and not resume:
         raise ValueError("--new-data continues a run: give it with --resume")
@@ -390,9 +390,9 @@ def prepare_run(
         raise ValueError("--resume-from continues a run: give it with --resume")
     save_dir = Path(config.save_dir)
     if resume:
-        resume_point(save_dir, resume_from)
+        SaveFolder(save_dir).resume_point(resume_from)
     else:
-        if latest_checkpoint(save_dir) is not None:
+        if SaveFolder(save_dir).latest_checkpoint() is not None:
             raise TrainingError(
                 f"{save_dir} holds another run; pass --resume to continue it or choose another --save-dir"
             )

@@ -12,11 +12,7 @@ from typing import Any
 
 from ..base.atomic import disk_full, raise_if_signalled, terminate_raises, write_json
 from ..hub import refuse_package_path
-from ..lm.checkpoints import (
-    checkpoint_step,
-    newest_checkpoints,
-    training_summary,
-)
+from ..lm.checkpoints import SaveFolder, checkpoint_step
 from ..lm.language_model import LanguageModel
 from ..model.lstm import LstmState
 from ..model.weights import (
@@ -62,8 +58,8 @@ def export_model(
             extra = {"bidirectional": True, "n_tokens_vocab": len(vocab), **(extra_options or {})}
             steps = None
             if average is not None:
-                steps = [checkpoint_step(p) for p in newest_checkpoints(Path(model_dir), average)]
-            history = training_summary(Path(model_dir), checkpoint, steps)
+                steps = [checkpoint_step(p) for p in SaveFolder(model_dir).newest_checkpoints(average)]
+            history = SaveFolder(model_dir).training_summary(checkpoint, steps)
             assert model.softmax is not None  # from_pretrained makes it with the vocabulary
             softmax = model.softmax
             writers: list[tuple[str, Callable[[Path], None]]] = [

@@ -3,7 +3,7 @@ processes, each running the loop (``loop.train``). A front end: only the command
 
 ``elmokit train --nproc N`` (CPU processes, gloo) and ``--gpus 0,1`` (one process per GPU, NCCL)
 start the processes through ``_processes.run_processes`` on this machine; the GPU list travels
-in the configuration to each process, whose device ``loop.setup_distributed`` takes from it.
+in the configuration to each process, whose device ``collectives.setup_distributed`` takes from it.
 ``torchrun --nproc-per-node N -m elmokit.cli train ...`` starts the processes itself.
 """
 

@@ -7,48 +7,42 @@ sampled softmax shared by both directions, multiplied by ``unroll_steps`` before
 Adagrad (lr 0.2, initial accumulator 1.0); gradients clipped to a global norm of 10; dropout 0.1
 on each LSTM layer's input and on the top layer's output.
 
-The loop is here; the model is in language_model.py, the save dir's checkpoints in
-checkpoints.py, held-out perplexity in evaluate.py, model folders in export.py, the run's
-configuration in training/config.py. Each process of a run calls ``train`` with the
-configuration ``config.prepare_run`` gave; the processes are started by the command line
+The loop is here; the model is in lm/language_model.py, the save dir's checkpoints in
+lm/checkpoints.py, its CSV logs in training/metrics.py, the collectives of a multi-process run
+in training/collectives.py, held-out perplexity in training/evaluate.py, model folders in
+training/export.py, the run's configuration in training/config.py. Each process of a run calls
+``train`` with the configuration ``config.prepare_run`` gave; the processes are started by the command line
 (training/launch.py) or by torchrun.
 """
 
 from __future__ import annotations
 
-import csv
 import errno
 import logging
 import math
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from ..base.atomic import atomic_path, write_text
-from ..base.devices import Process, process_device, this_process
+from ..base.atomic import write_text
+from ..base.devices import Process
+from ..base.signals import STOP_SIGNALS, installed
 from ..lm.checkpoints import (
     CHECKPOINT_POINTER,
-    METRICS_FILES,
     VOCAB_FILE,
-    checkpoint_folders,
+    SaveFolder,
     checkpoint_name,
-    keep_if_best,
     load_checkpoint_file,
-    partial_folder,
-    publish_checkpoint,
-    remove_leftovers,
-    resume_point,
     rng_state,
     save_checkpoint_file,
     set_rng_state,
@@ -57,6 +51,7 @@ from ..lm.language_model import LanguageModel, batch_tensors
 from ..lm.vocabulary import Vocabulary
 from ..model.lstm import LstmState
 from ..model.options import BiLMOptions
+from .collectives import Distributed, setup_distributed
 from .config import TrainConfig, TrainingError, save_config
 from .data import (
     HELDOUT_BATCH_SIZE,
@@ -66,6 +61,7 @@ from .data import (
     heldout_batches,
 )
 from .evaluate import Perplexity, evaluate_perplexity
+from .metrics import MetricsLog, append_heldout, check_logs, truncate_log
 
 __all__ = [
     "Distributed",
@@ -86,32 +82,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Distributed:
-    """This process's place in the run: which process (``devices.Process``: rank, number of
-    processes) on which device, and the collectives the loop takes part in (each a no-op when
-    the run is one process)."""
-
-    device: torch.device = torch.device("cpu")
-    process: Process = Process()
-
-    def barrier(self) -> None:
-        if self.process.distributed:
-            dist.barrier()
-
-    def any(self, flag: bool) -> bool:
-        """True on every process when ``flag`` is true on any of them."""
-        return self.max(float(flag))[0] > 0
-
-    def max(self, *values: float) -> list[float]:
-        """Each value's maximum over the processes (one collective for all of them)."""
-        if not self.process.distributed:
-            return list(values)
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return tensor.tolist()
-
-
 class Interrupted(KeyboardInterrupt):
     """A run stopped at once by a second SIGINT/SIGTERM: the steps since its last checkpoint are
     lost (that checkpoint is kept)."""
@@ -122,19 +92,20 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequest:
-    """Turns SIGINT/SIGTERM into a request to stop after the current step (a second signal
-    interrupts at once with ``Interrupted``), so an interrupted run ends with a checkpoint.
+    """While the block runs, turns SIGINT/SIGTERM into a request to stop after the current step
+    (a second signal interrupts at once with ``Interrupted``), so an interrupted run ends with a
+    checkpoint; in the main thread only, and the handlers found are restored afterwards
+    (``signals.installed``).
 
     A repeat within ``REPEAT_SECONDS`` is the same request: a process of a multi-process run may
     get one Ctrl-C both from the terminal and from its launcher, which passes it on."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
     REPEAT_SECONDS = 1.0
 
     def __init__(self) -> None:
         self.signum = 0  # the signal that requested the stop (0: none)
         self._since = 0.0
-        self._previous: dict[int, Any] = {}
+        self._handlers = ExitStack()
 
     @property
     def requested(self) -> bool:
@@ -152,27 +123,11 @@ class StopRequest:
         )
 
     def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        self._handlers.enter_context(installed(dict.fromkeys(STOP_SIGNALS, self._handle)))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def setup_distributed(config: TrainConfig, process: Process | None = None) -> Distributed:
-    """This process's place in the run: its device (``devices.process_device`` of the
-    configuration's device and GPU list: with several processes, ``cuda`` is the GPU of this
-    process's local rank), joined to the process group that torchrun or ``elmokit train
-    --gpus/--nproc`` set up (NCCL on GPUs, gloo on CPUs). ``process``: ``this_process()``."""
-    process = this_process() if process is None else process
-    device = process_device(config.device, config.gpus, process)
-    if process.distributed and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=process.rank, world_size=process.world_size)
-    return Distributed(device, process)
+        self._handlers.close()
 
 
 @dataclass
@@ -213,6 +168,7 @@ class Trainer:
         self.config, self.data, self.env = config, data, env
         self.vocab = vocab  # for held-out evaluation (read from config.vocab when None)
         self.save_dir = Path(config.save_dir)
+        self.save_folder = SaveFolder(self.save_dir)
         torch.manual_seed(config.seed)
         self.model = LanguageModel(config.options, vocab_size, config.dropout).to(env.device)
         self.module: nn.Module = self.model
@@ -252,9 +208,7 @@ class Trainer:
         losses = losses.float()
         self.lstm_state = LstmState(self.lstm_state.h.float(), self.lstm_state.c.float())
         loss = 0.5 * (losses[0] + losses[1])
-        check = loss.detach().clone()
-        if self.env.process.distributed:
-            dist.all_reduce(check)
+        check = self.env.sum(loss.detach().clone())
         if not torch.isfinite(check):
             kept = (
                 f"its last checkpoint, step {self.saved_step}, is kept in {self.save_dir}"
@@ -269,10 +223,7 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
         self.grad_norm = float(norm)
         self.optimizer.step()
-        per_direction = losses.detach()
-        if self.env.process.distributed:
-            dist.all_reduce(per_direction)
-            per_direction /= self.env.process.world_size
+        per_direction = self.env.mean(losses.detach())
         self.run.step += 1
         self.run.tokens += char_ids.shape[1] * char_ids.shape[2] * self.env.process.world_size
         return float(per_direction[0]), float(per_direction[1])
@@ -298,22 +249,7 @@ class Trainer:
                 vocab = Vocabulary.from_file(self.config.vocab)
             start = time.monotonic()
             result = evaluate_perplexity(self.model, vocab, self.config.heldout, device=self.env.device)
-            path = self.save_dir / "heldout.csv"
-            new = not path.exists()
-            with path.open("a", newline="") as f:
-                writer = csv.writer(f)
-                if new:
-                    writer.writerow(["step", "tokens", "forward", "backward", "average", "predictions"])
-                writer.writerow(
-                    [
-                        self.run.step,
-                        self.run.tokens,
-                        round(result.forward, 3),
-                        round(result.backward, 3),
-                        round(result.average, 3),
-                        result.tokens,
-                    ]
-                )
+            append_heldout(self.save_dir / "heldout.csv", self.run.step, self.run.tokens, result)
             tqdm.write(
                 f"step {self.run.step}: held-out perplexity forward {result.forward:.2f} backward "
                 f"{result.backward:.2f} average {result.average:.2f} ({time.monotonic() - start:.0f} s)"
@@ -329,7 +265,7 @@ class Trainer:
         result = self.evaluate_heldout()
         if result is not None:
             figures = {"forward": result.forward, "backward": result.backward, "average": result.average}
-            keep_if_best(self.save_dir, folder, self.run.step, figures, self.config.keep_checkpoints)
+            self.save_folder.keep_if_best(folder, self.run.step, figures, self.config.keep_checkpoints)
         self.env.barrier()
 
     def save_checkpoint(self) -> Path:
@@ -337,7 +273,7 @@ class Trainer:
         and point ``latest`` at it; the previous latest is deleted unless it is the best so far.
         A failed write (a full disk, ...) removes the partial folder and raises TrainingError:
         the previous checkpoint stays the latest."""
-        partial = partial_folder(self.save_dir, self.run.step)
+        partial = self.save_folder.partial_folder(self.run.step)
 
         def make_folder() -> None:
             if self.env.process.is_main:
@@ -363,7 +299,7 @@ class Trainer:
 
         def publish() -> None:
             if self.env.process.is_main:
-                publish_checkpoint(self.save_dir, partial, self.run.step, self.config.keep_checkpoints)
+                self.save_folder.publish_checkpoint(partial, self.run.step, self.config.keep_checkpoints)
 
         for action in (make_folder, write_files, publish):
             self._on_every_process(action, partial)
@@ -447,11 +383,13 @@ def run_training(
     session, checkpointing every ``checkpoint_minutes`` and at the end (unless the last step has
     its checkpoint already). ``step_limit`` names the step limit in the outcome (default
     "--max-steps N"). metrics.csv and heldout.csv lose any rows past the step the run starts
-    from (steps a crash made the run repeat)."""
+    from (steps a crash made the run repeat). While it runs, SIGINT and SIGTERM ask it to stop
+    after the current step with a checkpoint (``StopRequest``: in the main thread, the handlers
+    found restored when it returns)."""
     env = trainer.env
     metrics = None
     if env.process.is_main:
-        metrics = _MetricsLog(trainer.save_dir / "metrics.csv", after=trainer.run.step)
+        metrics = MetricsLog(trainer.save_dir / "metrics.csv", after=trainer.run.step)
         truncate_log(trainer.save_dir / "heldout.csv", trainer.run.step)
     bar = tqdm(
         total=max_steps,
@@ -478,7 +416,7 @@ def run_training(
 
 def _loop(
     trainer: Trainer,
-    metrics: _MetricsLog | None,
+    metrics: MetricsLog | None,
     bar: tqdm,
     max_steps: int | None,
     max_time: float | None,
@@ -538,71 +476,6 @@ def _report(bar, metrics, run: RunState, fwd: float, bwd: float, rate: float, gr
         )
 
 
-class _MetricsLog:
-    """Append rows to metrics.csv (header written once; a file from an older version without
-    some columns gets them, empty in its old rows). ``after``: drop the rows of later steps."""
-
-    FIELDS = [
-        "step",
-        "tokens",
-        "seconds",
-        "loss_forward",
-        "loss_backward",
-        "perplexity",
-        "tokens_per_second",
-        "grad_norm",  # global gradient norm before clipping (of the logged step)
-    ]
-
-    def __init__(self, path: Path, after: int | None = None) -> None:
-        self.path = path
-        rows = _read_csv(path) if path.exists() else []
-        lines = [self.FIELDS]
-        if rows:
-            old = rows[0]
-            lines += [[dict(zip(old, r)).get(k, "") for k in self.FIELDS] for r in rows[1:]]
-        if after is not None:
-            lines = _up_to(lines, after)
-        if lines != rows:
-            _write_csv(path, lines)
-
-    def write(self, **row: Any) -> None:
-        with self.path.open("a", newline="") as f:
-            csv.writer(f).writerow([row[k] for k in self.FIELDS])
-
-
-def truncate_log(path: Path, step: int) -> None:
-    """Drop the rows of a CSV log (header, then rows whose first column is a step) after
-    ``step``, atomically, so that the steps a resumed run repeats are logged once."""
-    if path.exists():
-        rows = _read_csv(path)
-        kept = _up_to(rows, step)
-        if kept != rows:
-            _write_csv(path, kept)
-
-
-def _up_to(rows: list[list[str]], step: int) -> list[list[str]]:
-    """The header and the rows of steps up to ``step`` (a row without a step number is kept)."""
-    return rows[:1] + [r for r in rows[1:] if not (r and r[0].isdigit() and int(r[0]) > step)]
-
-
-def _read_csv(path: Path) -> list[list[str]]:
-    """The rows of a CSV log of the save dir; one that is not CSV text is a TrainingError that
-    names it (the run does not write over it)."""
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return list(csv.reader(f))
-    except (UnicodeDecodeError, csv.Error) as err:
-        cause = "its bytes are not UTF-8 text" if isinstance(err, UnicodeDecodeError) else str(err)
-        raise TrainingError(
-            f"{path}: not a CSV log ({cause}); move it away and the run starts a new one"
-        ) from None
-
-
-def _write_csv(path: Path, rows: list[list[str]]) -> None:
-    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
-        csv.writer(f).writerows(rows)
-
-
 def total_steps(config: TrainConfig, n_train_tokens: int, world_size: int) -> int | None:
     """Steps for ``epochs`` passes (bilm-tf: n_train_tokens / (batch * unroll * processes))."""
     steps = config.max_steps
@@ -642,12 +515,13 @@ def train(
     any checkpoint starts from step 0. ``new_data`` (with ``resume``): the corpus changed (more
     or other text); weights, optimizer state and step continue, the corpus is read from its
     beginning and its size is counted again. ``process``: ``devices.this_process()``. Returns
-    how the session ended."""
+    how the session ended; SIGINT or SIGTERM stop it after the current step (``run_training``)."""
     env = setup_distributed(config, process)
     save_dir = Path(config.save_dir)
-    latest = resume_point(save_dir, resume_from) if resume else None
+    save_folder = SaveFolder(save_dir)
+    latest = save_folder.resume_point(resume_from) if resume else None
     if env.process.is_main:
-        removed = remove_leftovers(save_dir)
+        removed = save_folder.remove_leftovers()
         if removed:
             logger.info("removed what an interrupted run left in %s: %s", save_dir, ", ".join(removed))
     own_vocab = save_dir / VOCAB_FILE
@@ -683,7 +557,7 @@ def train(
     trainer = Trainer(config, data, len(vocab), env, vocab=vocab)
     if latest is not None:
         trainer.load_checkpoint(latest, data=not new_data)
-        newer = [p.name for p in checkpoint_folders(save_dir) if p.name > latest.name]
+        newer = [p.name for p in save_folder.checkpoint_folders() if p.name > latest.name]
         if newer and env.process.is_main:
             logger.info(
                 "resuming from %s; %s, written after it by a run that stopped before pointing "
@@ -709,9 +583,7 @@ def train(
                     "initialized from %s: %d/%d softmax rows copied", config.init_from, shared, len(vocab)
                 )
     if env.process.is_main:
-        for log in METRICS_FILES:  # a log the run cannot read stops it before it writes anything
-            if (save_dir / log).exists():
-                _read_csv(save_dir / log)
+        check_logs(save_dir)  # a log the run cannot read stops it before it writes anything
     if env.process.is_main:  # every check passed: the save dir is made and written from here on
         save_dir.mkdir(parents=True, exist_ok=True)
         if latest is None:

@@ -37,15 +37,7 @@ from typing import Any
 from .shipped import MODELS_DIR, available_models
 from .transport import Expected, is_cached, read_meta
 
-__all__ = [
-    "KNOWN_MODELS",
-    "KnownModel",
-    "RemoteFile",
-    "find",
-    "format_models",
-    "known_models",
-    "model_rows",
-]
+__all__: list[str] = []
 
 
 @dataclass(frozen=True)

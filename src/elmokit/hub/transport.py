@@ -77,19 +77,7 @@ from ..base.atomic import write_json
 from ..base.digests import file_digest
 from .cache import ENV_CACHE, ENV_OFFLINE, cache_dir, offline
 
-__all__ = [
-    "ChecksumError",
-    "DownloadError",
-    "Expected",
-    "OfflineError",
-    "cached_file",
-    "entry_dir",
-    "fetch",
-    "is_cached",
-    "is_url",
-    "read_meta",
-    "sniff",
-]
+__all__ = ["DownloadError"]
 
 logger = logging.getLogger(__name__)
 

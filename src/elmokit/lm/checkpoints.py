@@ -45,45 +45,7 @@ from ..base.atomic import remove_leftovers as remove_temporary_files
 from ..base.digests import file_digest
 from ..base.tensorfiles import load_tensors
 
-__all__ = [
-    "BEST_POINTER",
-    "CHECKPOINT_NAME",
-    "CHECKPOINT_POINTER",
-    "CONFIG_FILE",
-    "CheckpointError",
-    "MANIFEST_FILE",
-    "METRICS_FILES",
-    "PARTIAL_SUFFIX",
-    "VOCAB_FILE",
-    "average_weights",
-    "best_checkpoint",
-    "checkpoint_choices",
-    "checkpoint_folder",
-    "checkpoint_folders",
-    "checkpoint_name",
-    "checkpoint_step",
-    "keep_if_best",
-    "kept_checkpoints",
-    "latest_checkpoint",
-    "load_checkpoint_file",
-    "named_checkpoint",
-    "newest_checkpoints",
-    "partial_folder",
-    "point_latest",
-    "prune_checkpoints",
-    "publish_checkpoint",
-    "read_best",
-    "read_json",
-    "recent_checkpoints",
-    "remove_leftovers",
-    "resume_point",
-    "rng_state",
-    "save_checkpoint_file",
-    "set_rng_state",
-    "training_summary",
-    "verify_checkpoint_file",
-    "write_manifest",
-]
+__all__ = ["average_weights"]
 
 CHECKPOINT_POINTER = "latest"
 BEST_POINTER = "best.json"

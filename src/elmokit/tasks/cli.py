@@ -17,7 +17,7 @@ from ..hub import DEFAULT_MODEL
 from .models import ELMO_SITES, ELMO_WEIGHTINGS, ModelConfig
 from .train import TASKS, TaskConfig, run_task
 
-__all__ = ["add_task_arguments", "add_task_parser", "main", "task_command"]
+__all__: list[str] = []
 
 
 def _fraction(text: str) -> float:

@@ -19,7 +19,7 @@ from ..lm.language_model import LanguageModel, batch_tensors
 from ..model.lstm import LstmState
 from .data import corpus_files, heldout_batches
 
-__all__ = ["PERPLEXITY_PROTOCOL", "Perplexity", "evaluate_perplexity"]
+__all__: list[str] = []
 
 PERPLEXITY_PROTOCOL = (
     "bilm-tf test protocol: full softmax, batch {batch_size} streams, unroll_steps=1 with the LSTM "

@@ -144,7 +144,8 @@ def execute(run: Run, args: argparse.Namespace) -> dict | None:
 
 def fill_cache(args: argparse.Namespace, runs: list[Run]) -> dict:
     """Compute the biLM layers of every data set once, before the runs."""
-    from elmokit.tasks import TaskConfig, cache_layers
+    from elmokit.tasks import TaskConfig
+    from elmokit.tasks.train import cache_layers
 
     seconds = {}
     for task in sorted({r.task for r in runs if r.elmo}):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from elmokit import Elmo, Embedder, LanguageModel, batch_to_ids, score_sentences
-from elmokit.hub import MODELS_DIR
+from elmokit.hub.shipped import MODELS_DIR
 
 FIXTURE = Path(__file__).parent / "fixtures" / "news-512-outputs"
 SENTENCES = [

@@ -12,7 +12,8 @@ import sys
 import h5py
 import pytest
 
-from elmokit.cli import build_parser, main
+from elmokit.cli import main
+from elmokit.cli.commands import build_parser
 
 TINY = ["--model", "elmo-tiny-reference", "--mode", "zero"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from elmokit.hub import TINY_REFERENCE
+from elmokit.hub.shipped import TINY_REFERENCE
 from elmokit.model.bilm import BiLM
 from elmokit.model.lstm import BiLstmLayer
 

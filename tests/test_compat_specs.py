@@ -19,7 +19,7 @@ from elmokit.cli import main
 from elmokit.compat.allennlp import Elmo, ElmoEmbedder, ElmoTokenEmbedder, batch_to_ids
 from elmokit.compat.manylangs import ManyLangsEmbedder
 from elmokit.compat.simple_elmo import ElmoModel
-from elmokit.hub import MODELS_DIR, TINY_REFERENCE
+from elmokit.hub.shipped import MODELS_DIR, TINY_REFERENCE
 
 from .conftest import FIXTURES, LocalServer, running
 from .test_hub import REPO, hub  # noqa: F401 - the stand-in Hugging Face Hub fixture

@@ -58,7 +58,7 @@ def test_a_command_shows_the_librarys_log_in_one_line_per_record(capsys):
 
 
 def test_the_cli_runs_each_command_inside_the_context(tmp_path, monkeypatch, capsys):
-    """``elmokit.cli.run`` enters it: a command's log lines reach stderr (INFO with --verbose),
+    """``elmokit.cli.commands.run`` enters it: a command's log lines reach stderr (INFO with --verbose),
     and its atomic writes install the SIGTERM handler (which a library write never does)."""
     seen = []
 
@@ -84,8 +84,10 @@ def test_a_serve_worker_process_gets_logging_from_the_command_lines_factory_only
     pytest.importorskip("starlette", reason="the serve extra")
     code = (
         "import logging, os\n"
-        "from elmokit.hub import MODELS_DIR\n"
-        "from elmokit.serve import CONFIG_ENV, ServeConfig, create_app_from_env\n"
+        "from elmokit.hub.shipped import MODELS_DIR\n"
+        "from elmokit.serve import ServeConfig\n"
+        "from elmokit.serve.app import create_app_from_env\n"
+        "from elmokit.serve.config import CONFIG_ENV\n"
         "from elmokit.cli._serve_worker import serve_worker_app\n"
         "model = f'tiny={MODELS_DIR / \"elmo-tiny-reference\"}'\n"
         "os.environ[CONFIG_ENV] = ServeConfig(models=(model,), device='cpu').to_json()\n"

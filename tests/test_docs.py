@@ -163,7 +163,7 @@ def test_cli_reference_is_generated_from_the_parser() -> None:
     """The site's command-line reference (docs/hooks/mkdocs_hooks.py) has every command and
     every option of the parser, with its help."""
     mkdocs_hooks = _hooks()
-    from elmokit.cli import build_parser
+    from elmokit.cli.commands import build_parser
 
     reference = mkdocs_hooks.cli_reference()
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))

@@ -550,7 +550,7 @@ def test_embedding_runs_in_eval_mode_and_gives_the_model_back_in_its_mode():
     """A model in training mode embeds without dropout and is given back in training mode, each
     submodule as it was; a model in eval mode throughout stays so."""
     from elmokit import BiLM, Embedder
-    from elmokit.hub import TINY_REFERENCE
+    from elmokit.hub.shipped import TINY_REFERENCE
 
     bilm = BiLM.from_pretrained(TINY_REFERENCE)
     bilm.lstm.dropout = 0.5  # dropout that would change the vectors if it ran

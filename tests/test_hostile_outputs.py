@@ -669,7 +669,7 @@ def test_embedding_what_is_not_a_tokenized_sentence_says_what_was_expected(tmp_p
 
 @pytest.mark.parametrize("value", ["2", "offline", "ture"])
 def test_an_unknown_elmokit_offline_value_is_refused_not_read_as_online(monkeypatch, capsys, value):
-    from elmokit.hub import offline
+    from elmokit.hub.cache import offline
 
     monkeypatch.setenv("ELMOKIT_OFFLINE", value)
     with pytest.raises(ValueError, match=rf"^ELMOKIT_OFFLINE='{value}' is neither 1, true, yes, on"):

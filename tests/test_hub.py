@@ -16,16 +16,10 @@ import torch
 
 from elmokit import DEFAULT_MODEL, BiLM, Elmo, Embedder, LanguageModel, StatefulBiLM, batch_to_ids
 from elmokit.cli import main
-from elmokit.hub import (
-    MODELS_DIR,
-    TINY_REFERENCE,
-    DownloadError,
-    OfflineError,
-    cache_dir,
-    refuse_package_path,
-    resolve_model,
-)
+from elmokit.hub import DownloadError, cache_dir, resolve_model
 from elmokit.hub.hf import parse_hf_spec
+from elmokit.hub.shipped import MODELS_DIR, TINY_REFERENCE, refuse_package_path
+from elmokit.hub.transport import OfflineError
 from elmokit.model.inputs import InputScheme
 from elmokit.model.manylangs import ManyLangsInputs
 from elmokit.tasks.cache import default_cache_dir

@@ -16,7 +16,7 @@ import torch
 from elmokit import Embedder, StatefulBiLM
 from elmokit.base import kernels
 from elmokit.cli import main
-from elmokit.hub import TINY_REFERENCE
+from elmokit.hub.shipped import TINY_REFERENCE
 from elmokit.model import int8
 from elmokit.model.bilm import BiLM
 from elmokit.model.char_cnn import CharCNN
@@ -33,7 +33,7 @@ from elmokit.model.int8 import (
 )
 from elmokit.model.lstm import BiLstmLayer
 from elmokit.model.options import CharCNNOptions
-from elmokit.tasks import LayerCache
+from elmokit.tasks.cache import LayerCache
 
 WORDS = "the a cat dog sat ran on under mat house quickly slowly red blue . , and but".split()
 

@@ -15,7 +15,7 @@ import torch
 from elmokit import BiLM, Embedder, StatefulBiLM
 from elmokit.cli import main
 from elmokit.compat.manylangs import ManyLangsEmbedder
-from elmokit.hub import is_manylangs_folder
+from elmokit.hub.resolve import is_manylangs_folder
 from elmokit.model.manylangs import (
     CONFIGS_DIR,
     ManyLangsError,

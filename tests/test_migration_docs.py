@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elmokit.cli import build_parser
+from elmokit.cli.commands import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

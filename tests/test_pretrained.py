@@ -10,7 +10,8 @@ import numpy as np
 
 from elmokit import BiLM, Embedder
 from elmokit.embed.senses import nearest_contexts, read_contexts
-from elmokit.hub import DEFAULT_MODEL, MODELS_DIR, available_models, model_files
+from elmokit.hub import DEFAULT_MODEL, model_files
+from elmokit.hub.shipped import MODELS_DIR, available_models
 
 NEWS = "elmo-news-512"
 CONFIG = Path(__file__).parent.parent / "configs" / "news-512.json"

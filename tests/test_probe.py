@@ -12,18 +12,9 @@ import torch
 from elmokit.base.task_data import TaggedSentence
 from elmokit.cli import main
 from elmokit.embed.embedder import Embedder
-from elmokit.probe import (
-    Instance,
-    ProbeSettings,
-    first_senses,
-    gold_key_path,
-    read_gold_keys,
-    read_tagged,
-    read_wsd_xml,
-    run_probe,
-    run_wsd,
-)
-from elmokit.probe.tagging import _scores, _Split, _train_probe
+from elmokit.probe import first_senses, read_gold_keys, read_tagged, read_wsd_xml, run_probe, run_wsd
+from elmokit.probe.tagging import ProbeSettings, _scores, _Split, _train_probe
+from elmokit.probe.wsd import Instance, gold_key_path
 
 MODEL = "elmo-tiny-reference"
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "home"]

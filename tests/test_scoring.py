@@ -439,7 +439,8 @@ def _readme_block(after: str) -> list[str]:
 
 
 def _shipped_scoring_model() -> None:
-    from elmokit.hub import DEFAULT_MODEL, MODELS_DIR
+    from elmokit.hub import DEFAULT_MODEL
+    from elmokit.hub.shipped import MODELS_DIR
 
     if not (MODELS_DIR / DEFAULT_MODEL / "softmax.hdf5").is_file():
         pytest.skip("the shipped model has no softmax.hdf5")

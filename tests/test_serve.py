@@ -30,9 +30,10 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from elmokit.cli import main  # noqa: E402
 from elmokit.embed.embedder import Embedder  # noqa: E402
-from elmokit.hub import MODELS_DIR, NEWS_MODEL, TINY_REFERENCE  # noqa: E402
+from elmokit.hub.shipped import MODELS_DIR, NEWS_MODEL, TINY_REFERENCE  # noqa: E402
 from elmokit.lm.language_model import LanguageModel  # noqa: E402
-from elmokit.serve import Limits, ServeConfig, ServedModel, create_app, load_model, model_name  # noqa: E402
+from elmokit.serve import ServeConfig, create_app  # noqa: E402
+from elmokit.serve.config import Limits, ServedModel, load_model, model_name  # noqa: E402
 
 SENTENCES = [
     "The cat sat on the mat .",
@@ -694,7 +695,8 @@ def test_the_models_are_checked_before_the_server_starts(tmp_path):
 def test_a_worker_process_reads_its_configuration_and_key_from_the_environment(monkeypatch):
     """What each `--workers` process runs: the models and limits of ELMOKIT_SERVE_CONFIG, the
     key of ELMOKIT_API_KEY (never written into the configuration)."""
-    from elmokit.serve import API_KEY_ENV, CONFIG_ENV, create_app_from_env
+    from elmokit.serve.app import create_app_from_env
+    from elmokit.serve.config import API_KEY_ENV, CONFIG_ENV
 
     config = ServeConfig(
         models=(f"tiny={MODELS_DIR / TINY_REFERENCE}",), device="cpu", limits=Limits(max_inputs=2)

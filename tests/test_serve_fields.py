@@ -28,8 +28,9 @@ uvicorn = pytest.importorskip("uvicorn")
 from starlette.testclient import TestClient  # noqa: E402
 
 from elmokit.embed import Embedder  # noqa: E402
-from elmokit.hub import TINY_REFERENCE  # noqa: E402
-from elmokit.serve import Limits, ServeConfig, ServedModel, create_app, load_model  # noqa: E402
+from elmokit.hub.shipped import TINY_REFERENCE  # noqa: E402
+from elmokit.serve import ServeConfig, create_app  # noqa: E402
+from elmokit.serve.config import Limits, ServedModel, load_model  # noqa: E402
 from elmokit.serve.http import BoundedHttpTools, HeadLimits, protocol  # noqa: E402
 from elmokit.serve.openapi import schema  # noqa: E402
 

@@ -24,8 +24,9 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from elmokit.hub import TINY_REFERENCE  # noqa: E402
-from elmokit.serve import Limits, ServeConfig, create_app, load_model  # noqa: E402
+from elmokit.hub.shipped import TINY_REFERENCE  # noqa: E402
+from elmokit.serve import ServeConfig, create_app  # noqa: E402
+from elmokit.serve.config import Limits, load_model  # noqa: E402
 from elmokit.serve.http import HeadLimits, protocol  # noqa: E402
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -19,7 +19,7 @@ import torch
 from elmokit import BiLM
 from elmokit.cli import main
 from elmokit.embed.embedder import Embedder
-from elmokit.hub import MODELS_DIR, PACKAGE_DIR, TINY_REFERENCE
+from elmokit.hub.shipped import MODELS_DIR, PACKAGE_DIR, TINY_REFERENCE
 from elmokit.lm.language_model import LanguageModel
 from elmokit.lm.start_state import estimate_start_state, sentence_losses
 from elmokit.lm.vocabulary import Vocabulary

@@ -10,7 +10,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from elmokit.cli import main as elmokit_main
-from elmokit.hub import TINY_REFERENCE
+from elmokit.hub.shipped import TINY_REFERENCE
 from elmokit.tasks import TrainedTask
 from elmokit.tasks.models import Batch, Classifier, LayerWeighting, ModelConfig, Tagger
 

@@ -19,26 +19,25 @@ pytest.importorskip("seqeval", reason="the tasks extra")
 from safetensors.torch import load_file
 
 from elmokit import BiLM, Embedder
-from elmokit.base.task_data import from_bioes, tag_scheme
-from elmokit.cli import main as elmokit_main
-from elmokit.hub import TINY_REFERENCE, model_files
-from elmokit.tasks import (
-    ConditionalRandomField,
-    LayerCache,
-    ModelConfig,
-    TaskConfig,
-    TrainedTask,
-    bioes_constraints,
+from elmokit.base.task_data import (
     bioes_to_iob1,
-    entity_scores,
+    from_bioes,
     iob1_to_bioes,
     read_conll2003,
     read_conllu,
     read_sst,
-    run_task,
     spans,
+    tag_scheme,
 )
+from elmokit.cli import main as elmokit_main
+from elmokit.hub import model_files
+from elmokit.hub.shipped import TINY_REFERENCE
+from elmokit.tasks import TaskConfig, TrainedTask, run_task
+from elmokit.tasks.cache import LayerCache
 from elmokit.tasks.cli import main as task_main
+from elmokit.tasks.crf import ConditionalRandomField, bioes_constraints
+from elmokit.tasks.models import ModelConfig
+from elmokit.tasks.train import entity_scores
 
 CONLL = """-DOCSTART- -X- O O
 

@@ -14,7 +14,8 @@ import torch
 
 from elmokit import BiLM, Embedder
 from elmokit.compat.tfhub import Module
-from elmokit.hub import is_tfhub_folder, resolve_model
+from elmokit.hub import resolve_model
+from elmokit.hub.resolve import is_tfhub_folder
 from elmokit.model.tf_checkpoint import Checkpoint, CheckpointError
 from elmokit.model.tfhub import TfHubError, read_tfhub
 

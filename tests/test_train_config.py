@@ -14,7 +14,7 @@ import torch
 import elmokit.training.config as config_module
 import elmokit.training.launch as launch_module
 from elmokit.base.devices import Process
-from elmokit.cli import build_parser
+from elmokit.cli.commands import build_parser
 from elmokit.model.options import preset
 from elmokit.training.collectives import setup_distributed
 from elmokit.training.config import (

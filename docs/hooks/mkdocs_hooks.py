@@ -4,7 +4,7 @@ from outside docs/ (the shipped model's card) included where a page asks for the
 A page asks with one HTML comment on a line of its own:
 
 - ``<!-- cli-reference -->``: every ``elmokit`` command, its usage and its options, generated
-  from ``elmokit.cli.build_parser()`` at build time, so the reference is never written twice;
+  from ``elmokit.cli.commands.build_parser()`` at build time, so the reference is never written twice;
 - ``<!-- include: PATH -->``: the Markdown file PATH (relative to the repository root) in its
   place; images beside it are published next to the page.
 
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     source = str(ROOT / "src")
     if source not in sys.path:
         sys.path.insert(0, source)
-    from elmokit.cli import build_parser
+    from elmokit.cli.commands import build_parser
 
     return build_parser()
 

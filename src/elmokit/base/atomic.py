@@ -35,23 +35,7 @@ from typing import Any
 
 from .signals import at_default, in_main_thread, installed
 
-__all__ = [
-    "Terminated",
-    "atomic_path",
-    "check_output",
-    "check_outputs_in",
-    "disk_full",
-    "disk_full_reason",
-    "handle_signals",
-    "is_stream",
-    "raise_if_signalled",
-    "remove_leftovers",
-    "scratch_path",
-    "terminate_raises",
-    "write_bytes",
-    "write_json",
-    "write_text",
-]
+__all__: list[str] = []
 
 
 class Terminated(KeyboardInterrupt):

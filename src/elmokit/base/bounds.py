@@ -27,36 +27,7 @@ from typing import Any, Protocol
 from . import jsonfiles
 from .jsonfiles import JsonLimits
 
-__all__ = [
-    "FALLBACK_MEMORY_BYTES",
-    "FLOAT_BYTES",
-    "MAX_CHARACTERS",
-    "MAX_CHARACTERS_PER_TOKEN",
-    "MAX_DIM",
-    "MAX_FILTER_WIDTHS",
-    "MAX_HDF5_OBJECTS",
-    "MAX_HIGHWAY",
-    "MAX_JSON_BYTES",
-    "MAX_JSON_DEPTH",
-    "MAX_JSON_DIGITS",
-    "MAX_LAYERS",
-    "MAX_UNROLL_STEPS",
-    "MAX_WORDS",
-    "ModelSizes",
-    "SizeError",
-    "available_memory_bytes",
-    "ceiling",
-    "check_model_size",
-    "check_training_size",
-    "memory_bytes",
-    "memory_limit",
-    "parameter_count",
-    "position_floats",
-    "read_json",
-    "shown_bytes",
-    "shown_number",
-    "token_floats",
-]
+__all__: list[str] = []
 
 # Ceilings of single fields (the original model: 262 characters, 50 per token, 2 layers, 2
 # highway layers, 7 filter widths, 4096 cells).

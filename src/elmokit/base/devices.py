@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SUPPORTED", "Process", "process_device", "resolve_device", "this_process"]
+__all__: list[str] = []
 
 SUPPORTED = "cpu, cuda or cuda:N"
 

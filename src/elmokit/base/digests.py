@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-__all__ = ["file_digest"]
+__all__: list[str] = []
 
 BLOCK = 1 << 20
 

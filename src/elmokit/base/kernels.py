@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["NAMES", "disabled", "enabled", "needs_autograd", "parse", "set_enabled"]
+__all__ = ["disabled", "set_enabled"]
 
 NAMES = (
     "char_cnn_matmul",

@@ -15,21 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "LabeledSentence",
-    "TaggedSentence",
-    "bioes_to_iob1",
-    "iob1_to_bioes",
-    "read_conll2003",
-    "read_conllu",
-    "read_sst",
-    "spans",
-    "spans_to_iob1",
-    "spans_to_bioes",
-    "spans_to_iob2",
-    "tag_scheme",
-    "from_bioes",
-]
+__all__: list[str] = []
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TensorFileError", "load_tensors"]
+__all__: list[str] = []
 
 
 class TensorFileError(ValueError):

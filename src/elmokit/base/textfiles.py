@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["count_lines", "read_lines", "standard_input"]
+__all__: list[str] = []
 
 # what surrogateescape turns undecodable bytes into
 _ESCAPED = re.compile("[\udc80-\udcff]")

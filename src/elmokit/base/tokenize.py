@@ -18,13 +18,7 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
         f"tokenization needs the corpus extra ({_err}); install it with: pip install 'elmokit[corpus]'"
     ) from None
 
-__all__ = [
-    "normalize_punctuation",
-    "split_and_tokenize",
-    "split_sentences",
-    "tokenize_line",
-    "tokenize_sentence",
-]
+__all__: list[str] = []
 
 # Character mappings of the lm1b benchmark's normalize-punctuation.perl (the
 # spacing rules there only move blanks around punctuation that the tokenizer

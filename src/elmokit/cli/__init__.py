@@ -4,6 +4,6 @@
 
 from __future__ import annotations
 
-from .commands import build_parser, main, run
+from .commands import main
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["main"]

@@ -15,7 +15,7 @@ __all__ = ["serve_worker_app", "serve_worker_app_verbose"]
 def serve_worker_app() -> Any:
     """uvicorn's app factory in each process of ``elmokit serve --workers N``: the ``elmokit``
     logger set as the command sets it (warnings and errors on stderr, and the server's own INFO
-    lines), for the life of the process, then ``elmokit.serve.create_app_from_env()``."""
+    lines), for the life of the process, then ``elmokit.serve.app.create_app_from_env()``."""
     return _serve_worker(verbose=False)
 
 
@@ -26,7 +26,7 @@ def serve_worker_app_verbose() -> Any:
 
 
 def _serve_worker(verbose: bool) -> Any:
-    from ..serve import create_app_from_env
+    from ..serve.app import create_app_from_env
 
     logger = logging.getLogger("elmokit")
     logger.addHandler(_stderr_handler())

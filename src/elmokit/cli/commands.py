@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ..base._arguments import add_options, option_values, ranged
 from ..base._console import CommandParser, command_context, say
 from ..base.atomic import write_json
-from ..hub import DEFAULT_MODEL, TINY_REFERENCE, resolve_model
+from ..hub import DEFAULT_MODEL, resolve_model
+from ..hub.shipped import TINY_REFERENCE
 
 if TYPE_CHECKING:
     from ..model.bilm import BiLM
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 # torch and the model's modules are imported inside the commands, so that --help and argument
 # errors answer at once
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["main"]
 
 DEMO_WORD = "bank"
 MODEL_HELP = (
@@ -830,7 +831,7 @@ def start_state_command(args: argparse.Namespace) -> int:
     import torch
 
     from ..base.devices import resolve_device
-    from ..hub import refuse_package_path
+    from ..hub.shipped import refuse_package_path
     from ..lm.start_state import estimate_start_state
     from ..model.bilm import BiLM
     from ..model.weights import write_start_state
@@ -1160,7 +1161,8 @@ def _add_download_parser(sub: argparse._SubParsersAction) -> None:
 
 def serve_command(args: argparse.Namespace) -> int:
     """Serve the models over HTTP until SIGTERM or SIGINT (elmokit.serve); exits 0 after a drain."""
-    from ..serve import API_KEY_ENV, Limits, ServeConfig, serve
+    from ..serve import ServeConfig, serve
+    from ..serve.config import API_KEY_ENV, Limits
 
     config = ServeConfig(
         models=tuple(args.model or ServeConfig.models),
@@ -1242,7 +1244,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 def probe_command(args: argparse.Namespace) -> int:
     """What each layer holds: a linear probe per layer (elmokit.probe), a table and a JSON file."""
     from ..base.atomic import check_output
-    from ..probe import ProbeSettings, probe_files
+    from ..probe.tagging import ProbeSettings, probe_files
 
     if args.train is None or args.test is None or args.column is None:
         raise ValueError("probe needs --train, --test and --column (or: elmokit probe wsd ...)")
@@ -1369,7 +1371,7 @@ def probe_plot_command(args: argparse.Namespace) -> int:
 def probe_wsd_command(args: argparse.Namespace) -> int:
     """Word senses per layer by 1-NN (elmokit.probe.wsd), a table and a JSON file."""
     from ..base.atomic import check_output
-    from ..probe import wsd_files, wsd_table
+    from ..probe.wsd import wsd_files, wsd_table
 
     files = [args.train, args.train_key, args.test, args.test_key, args.index_sense]
     if args.json is not None:
@@ -1540,6 +1542,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``elmokit`` command: ``main(["embed", "in.txt", "out.hdf5"])`` runs what
+    ``elmokit embed in.txt out.hdf5`` runs (``argv`` None: ``sys.argv[1:]``) and returns its exit
+    status. An error is one line on stderr, ``elmokit: error: ...``, never a traceback; a bad option
+    and ``--help`` exit (``SystemExit``) as argparse does."""
     return run(build_parser().parse_args(argv))
 
 

@@ -11,7 +11,7 @@ import json
 
 from ..hub import datasets
 
-__all__ = ["add_data_parser", "fetch_command", "list_command", "sample_command"]
+__all__: list[str] = []
 
 
 def add_data_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

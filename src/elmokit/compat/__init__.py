@@ -27,11 +27,7 @@ import types
 from .files import resolve_model_file
 
 __all__ = [
-    "ALLENNLP_MODULES",
-    "SIMPLE_ELMO_MODULES",
-    "AllenNLPConflictError",
     "PackageConflictError",
-    "SimpleElmoConflictError",
     "install_allennlp_modules",
     "install_simple_elmo_module",
     "resolve_model_file",

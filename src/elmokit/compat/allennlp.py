@@ -160,7 +160,7 @@ def batch_to_ids(batch: Sequence[Sequence[str]]) -> torch.Tensor:
 
 
 def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(batch, timesteps, dim) with <S> ... </S> and its mask (batch, timesteps) -> (batch,
+    """(batch, timesteps, dim) with ``<S>`` ... ``</S>`` and its mask (batch, timesteps) -> (batch,
     timesteps - 2, dim) without them, zero past each sentence, and the int64 mask (batch,
     timesteps - 2); as AllenNLP's ``allennlp.nn.util.remove_sentence_boundaries``."""
     lengths = mask.long().sum(dim=1)
@@ -629,7 +629,7 @@ class Elmo(nn.Module):
     ``forward(inputs, word_inputs=None)``: char ids (batch, timesteps, 50) or (batch, d1, ...,
     timesteps, 50) -> ``{'elmo_representations': [num_output_representations tensors (batch,
     ..., timesteps, 2 * projection_dim)], 'mask': int64 (batch, ..., timesteps)}``. The mixes see
-    <S> and </S> (layer norm statistics include them, as AllenNLP's), which are then removed
+    ``<S>`` and ``</S>`` (layer norm statistics include them, as AllenNLP's), which are then removed
     unless ``keep_sentence_boundaries``. ``module``: an elmokit ``BiLM`` or a module returning
     AllenNLP's dict, used instead of the files (then ``requires_grad`` is ignored).
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..hub import resolve_file, resolve_model
+from ..hub import resolve_model
 from ..hub.file_kinds import sniff
+from ..hub.resolve import resolve_file
 from ..model.bilm import BiLM
 
-__all__ = ["load_bilm", "resolve_model_file"]
+__all__ = ["resolve_model_file"]
 
 SPECS = "a shipped or known model's name, a model folder, an NLPL .zip, an http(s) URL or hf://owner/name"
 

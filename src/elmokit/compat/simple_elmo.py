@@ -174,8 +174,8 @@ class _Characters:
 class Batcher:
     """simple_elmo's (bilm-tf's) ``Batcher``: tokenized sentences -> character ids, int64
     (n_sentences, longest + 2, max_token_length), ``<S>`` and ``</S>`` added, shifted by one so
-    that 0 is padding. ``lm_vocab_file``: the model's vocab.txt (or .gz; None: only <S>, </S>,
-    <UNK>), its first ``limit`` words cached (all with None), as ``ElmoModel`` reads it."""
+    that 0 is padding. ``lm_vocab_file``: the model's vocab.txt (or .gz; None: only ``<S>``, ``</S>``,
+    ``<UNK>``), its first ``limit`` words cached (all with None), as ``ElmoModel`` reads it."""
 
     def __init__(
         self, lm_vocab_file: str | os.PathLike | None, max_token_length: int, limit: int | None = None

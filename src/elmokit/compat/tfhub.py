@@ -44,7 +44,7 @@ from ..model.bilm import BiLM, CarriedState, StatefulBiLM
 from ..model.tfhub import read_tfhub
 from ..model.weights import load_weight_arrays
 
-__all__ = ["SIGNATURES", "Module"]
+__all__ = ["Module"]
 
 SIGNATURES = ("default", "tokens")
 OUTPUTS = ("word_emb", "lstm_outputs1", "lstm_outputs2", "elmo", "default")

@@ -12,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .embedder import DTYPES, MODES, Embedder, EmbedSummary, evaluating
+    from .embedder import Embedder
 
-__all__ = ["DTYPES", "MODES", "EmbedSummary", "Embedder", "evaluating"]
+__all__ = ["Embedder"]
 
 
 def __getattr__(name: str) -> Any:

@@ -46,7 +46,7 @@ from .vectors_file import (
     write_vectors,
 )
 
-__all__ = ["DTYPES", "MODES", "EmbedSummary", "Embedder", "evaluating"]
+__all__ = ["Embedder"]
 
 MODES = ("warm", "zero", "stateful")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}

@@ -50,18 +50,7 @@ from ..model.lstm import LstmState
 from ..model.weights import create_hdf5
 from .embedder import Embedder
 
-__all__ = [
-    "DEFAULT_MAX_AMINO_ACIDS",
-    "MAX_RESIDUES",
-    "WARMUP_ROUNDS",
-    "WARMUP_SEQUENCE",
-    "FastaRecord",
-    "FastaSummary",
-    "embed_fasta",
-    "pipeline_batches",
-    "read_fasta",
-    "reduce_per_protein",
-]
+__all__ = ["embed_fasta"]
 
 logger = logging.getLogger(__name__)
 

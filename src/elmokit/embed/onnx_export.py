@@ -46,7 +46,7 @@ from ..model.scan_lstm import reverse_index, scan_bilstm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OnnxBiLM", "export_onnx", "model_fingerprint", "quantize_int8", "require_onnx"]
+__all__ = ["export_onnx"]
 
 FORMAT = "elmokit-bilm-1"  # metadata "elmokit.format": what the inputs and outputs are
 INPUTS = ("char_ids", "initial_h", "initial_c")

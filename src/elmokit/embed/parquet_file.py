@@ -38,18 +38,7 @@ from .vectors_file import check_layers
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = [
-    "EXTRA_HINT",
-    "FORMATS",
-    "ROW_GROUP_BYTES",
-    "ROW_GROUP_SENTENCES",
-    "ParquetLayout",
-    "output_format",
-    "read_metadata",
-    "require_pyarrow",
-    "write_parquet",
-    "write_parquet_tables",
-]
+__all__: list[str] = []
 
 FORMATS = ("hdf5", "parquet")
 EXTRA_HINT = "pip install 'elmokit[parquet]'"

@@ -22,15 +22,7 @@ import numpy as np
 
 from .embedder import Embedder
 
-__all__ = [
-    "BANK_CONTEXTS",
-    "EXAMPLES_DIR",
-    "Context",
-    "LayerRanking",
-    "Neighbour",
-    "nearest_contexts",
-    "read_contexts",
-]
+__all__: list[str] = []
 
 EXAMPLES_DIR = Path(__file__).parent.parent / "examples"
 BANK_CONTEXTS = EXAMPLES_DIR / "bank-contexts.tsv"

@@ -51,16 +51,7 @@ from ._multiprocess_embed import EmbedRequest, LineEmbedder, _Job, progress_bar
 from .parquet_file import require_pyarrow, write_parquet
 from .vectors_file import POOLED_DATASET, check_layers, output_array, row_shape, write_vectors
 
-__all__ = [
-    "FORMAT",
-    "MANIFEST",
-    "PART_FORMATS",
-    "PartFormat",
-    "prepare",
-    "read_manifest",
-    "read_shards",
-    "work",
-]
+__all__ = ["read_manifest", "read_shards"]
 
 MANIFEST = "manifest.json"
 FORMAT = "elmokit-shards"  # the manifest's "format"

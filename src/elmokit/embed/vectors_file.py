@@ -36,23 +36,7 @@ from ..base.atomic import atomic_path, raise_if_signalled
 from ..base.textfiles import count_lines, read_lines
 from ..model.weights import create_hdf5
 
-__all__ = [
-    "FLAVOURS",
-    "LAYERS",
-    "POOLED_DATASET",
-    "POOLINGS",
-    "SentenceIndex",
-    "TOKEN_BLOCK",
-    "check_layers",
-    "check_pooling",
-    "output_array",
-    "pool",
-    "read_vocabulary",
-    "row_shape",
-    "select_layers",
-    "write_token_vectors",
-    "write_vectors",
-]
+__all__: list[str] = []
 
 LAYERS = ("all", "top", "average")
 POOLINGS = ("mean", "max")

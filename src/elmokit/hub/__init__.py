@@ -10,56 +10,17 @@ default model), ``resolve`` (the resolver), ``datasets`` (a data set's name -> i
 files, as a spec is for a model).
 """
 
-from .archives import ArchiveError
-from .cache import ENV_CACHE, ENV_OFFLINE, cache_dir, offline
-from .entries import ChecksumError, DownloadError, OfflineError, is_url
-from .hf import is_hf_spec
-from .registry import KnownModel, find, known_models
-from .resolve import (
-    ModelSource,
-    download_model,
-    is_manylangs_folder,
-    is_tfhub_folder,
-    model_files,
-    resolve_file,
-    resolve_model,
-)
-from .shipped import (
-    DEFAULT_MODEL,
-    MODELS_DIR,
-    NEWS_MODEL,
-    PACKAGE_DIR,
-    TINY_REFERENCE,
-    available_models,
-    refuse_package_path,
-)
+from .cache import cache_dir
+from .resolve import ModelSource, download_model, model_files, resolve_model
+from .shipped import DEFAULT_MODEL
+from .entries import DownloadError
 
 __all__ = [
     "DEFAULT_MODEL",
-    "ENV_CACHE",
-    "ENV_OFFLINE",
-    "MODELS_DIR",
-    "NEWS_MODEL",
-    "PACKAGE_DIR",
-    "TINY_REFERENCE",
-    "ArchiveError",
-    "ChecksumError",
     "DownloadError",
-    "KnownModel",
     "ModelSource",
-    "OfflineError",
-    "available_models",
     "cache_dir",
     "download_model",
-    "find",
-    "is_hf_spec",
-    "is_manylangs_folder",
-    "is_tfhub_folder",
-    "is_url",
-    "known_models",
     "model_files",
-    "offline",
-    "refuse_package_path",
-    "resolve_file",
     "resolve_model",
 ]

@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 
 from ..base.atomic import _alive
 
-__all__ = ["UNPACKED", "ArchiveError", "check_zip", "unpack_zip"]
+__all__: list[str] = []
 
 MAX_MEMBERS = 10_000
 MAX_TOTAL_BYTES = 64 * 2**30  # the largest ELMo archives are a few GB

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ENV_CACHE", "ENV_OFFLINE", "cache_dir", "offline"]
+__all__ = ["cache_dir"]
 
 ENV_CACHE = "ELMOKIT_CACHE"
 ENV_OFFLINE = "ELMOKIT_OFFLINE"

@@ -40,18 +40,7 @@ from .file_kinds import Expected
 from .shipped import PACKAGE_DIR, refuse_package_path
 from .transport import fetch
 
-__all__ = [
-    "DATA_SETS",
-    "SAMPLES_DIR",
-    "DataFile",
-    "DataSet",
-    "Download",
-    "copy_sample",
-    "data_rows",
-    "fetch_data",
-    "find_data_set",
-    "format_data_sets",
-]
+__all__: list[str] = []
 
 SAMPLES_DIR = PACKAGE_DIR / "examples" / "data"
 SOURCE_NOTE = "SOURCE.md"  # the provenance and licence note beside each sample's files

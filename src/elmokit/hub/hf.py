@@ -16,7 +16,7 @@ from pathlib import Path
 from .cache import ENV_OFFLINE, cache_dir, offline
 from .entries import DownloadError, OfflineError
 
-__all__ = ["HF_SCHEME", "HfSpec", "is_hf_spec", "parse_hf_spec", "snapshot"]
+__all__: list[str] = []
 
 HF_SCHEME = "hf://"
 HF_FOLDER = "hf"  # the subfolder of the cache the snapshots go to

@@ -57,15 +57,7 @@ from .entries import is_cached, read_meta
 from .file_kinds import Expected, url_kind
 from .shipped import MODELS_DIR, available_models
 
-__all__ = [
-    "KNOWN_MODELS",
-    "KnownModel",
-    "RemoteFile",
-    "find",
-    "format_models",
-    "known_models",
-    "model_rows",
-]
+__all__: list[str] = []
 
 
 @dataclass(frozen=True)

@@ -38,15 +38,7 @@ from .registry import KnownModel, find
 from .shipped import DEFAULT_MODEL, MODELS_DIR, available_models
 from .transport import fetch
 
-__all__ = [
-    "ModelSource",
-    "download_model",
-    "is_manylangs_folder",
-    "is_tfhub_folder",
-    "model_files",
-    "resolve_file",
-    "resolve_model",
-]
+__all__ = ["ModelSource", "download_model", "model_files", "resolve_model"]
 
 log = logging.getLogger(__name__)
 

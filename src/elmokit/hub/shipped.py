@@ -7,15 +7,7 @@ from pathlib import Path
 
 from .cache import cache_dir
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "MODELS_DIR",
-    "NEWS_MODEL",
-    "PACKAGE_DIR",
-    "TINY_REFERENCE",
-    "available_models",
-    "refuse_package_path",
-]
+__all__ = ["DEFAULT_MODEL"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the installed package
 MODELS_DIR = Path(__file__).parent.parent / "models"

@@ -24,7 +24,7 @@ from .entries import DownloadError, OfflineError, cached_file, entry_dir, entry_
 from .file_kinds import Expected, url_kind
 from .http_client import download
 
-__all__ = ["fetch"]
+__all__: list[str] = []
 
 
 def fetch(

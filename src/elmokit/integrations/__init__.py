@@ -5,3 +5,5 @@
 - ``elmokit.integrations.ray``: ``EmbedBatches`` for Ray Data's ``map_batches``, and the engine of
   ``elmokit embed --engine ray`` (needs ``pip install 'elmokit[ray]'``).
 """
+
+__all__: list[str] = []

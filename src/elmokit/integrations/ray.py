@@ -42,7 +42,7 @@ from ..embed.parquet_file import output_format, require_pyarrow, write_parquet_t
 from ..embed.vectors_file import check_layers, output_array
 from ..hub.resolve import resolve_model
 
-__all__ = ["EXTRA_HINT", "EmbedBatches", "embed_file", "require_ray"]
+__all__ = ["EmbedBatches"]
 
 EXTRA_HINT = "pip install 'elmokit[ray]'"
 _log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ import numpy as np
 from ..embed.embedder import Embedder
 from ..embed.vectors_file import check_layers, output_array
 
-__all__ = ["EXTRA_HINT", "PredictFn", "make_predict_fn", "return_type"]
+__all__ = ["make_predict_fn", "return_type"]
 
 EXTRA_HINT = "pip install 'elmokit[spark]'"
 _log = logging.getLogger(__name__)

@@ -46,27 +46,7 @@ from ..base.atomic import remove_leftovers as remove_temporary_files
 from ..base.digests import file_digest
 from ..base.tensorfiles import load_tensors
 
-__all__ = [
-    "BEST_POINTER",
-    "CHECKPOINT_NAME",
-    "CHECKPOINT_POINTER",
-    "CONFIG_FILE",
-    "CheckpointError",
-    "MANIFEST_FILE",
-    "METRICS_FILES",
-    "PARTIAL_SUFFIX",
-    "SaveFolder",
-    "VOCAB_FILE",
-    "checkpoint_name",
-    "checkpoint_step",
-    "load_checkpoint_file",
-    "read_json",
-    "rng_state",
-    "save_checkpoint_file",
-    "set_rng_state",
-    "verify_checkpoint_file",
-    "write_manifest",
-]
+__all__ = ["SaveFolder"]
 
 CHECKPOINT_POINTER = "latest"
 BEST_POINTER = "best.json"

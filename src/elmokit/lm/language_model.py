@@ -34,7 +34,7 @@ from .checkpoints import (
 from .softmax import Softmax
 from .vocabulary import Vocabulary
 
-__all__ = ["NO_SOFTMAX", "LanguageModel", "batch_tensors"]
+__all__ = ["LanguageModel"]
 
 NO_SOFTMAX = (
     "this model ships no {name}: scoring needs one; export it from a training run with `elmokit export`"

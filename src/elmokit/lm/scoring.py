@@ -65,12 +65,8 @@ from .softmax import Softmax
 from .vocabulary import SPECIAL_TOKENS, Vocabulary
 
 __all__ = [
-    "FORMATS",
-    "MODES",
-    "ScoreSummary",
     "SentenceScore",
     "Substitutes",
-    "WordDistributions",
     "score_file",
     "score_sentences",
     "substitutes",

@@ -18,13 +18,7 @@ from torch import nn
 
 from ..base import kernels
 
-__all__ = [
-    "LogUniformSampler",
-    "Softmax",
-    "full_softmax_loss",
-    "log_uniform_probabilities",
-    "sampled_softmax_loss",
-]
+__all__: list[str] = []
 
 # Rows of the full (N, V) logit matrix are processed in chunks of at most this many elements.
 _MAX_FULL_LOGITS = 1 << 25

@@ -26,7 +26,7 @@ from ..model.characters import BOS_TOKEN, EOS_TOKEN, tokens_to_ids
 from ..model.lstm import LstmState
 from .language_model import LanguageModel
 
-__all__ = ["boundary_states", "estimate_start_state", "sentence_losses"]
+__all__: list[str] = []
 
 
 def _stream_inputs(

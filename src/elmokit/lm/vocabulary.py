@@ -16,7 +16,7 @@ _SKIPPED_VOCAB_LINE = "!!!MAXTERMID"  # marker line of lm_1b vocabulary files; b
 
 PathLike = str | os.PathLike
 
-__all__ = ["UNK_TOKEN", "Vocabulary"]
+__all__: list[str] = []
 
 
 class Vocabulary:

@@ -24,17 +24,18 @@ import torch
 from torch import nn
 
 from ..base.bounds import check_model_size
+from ..base.kernels import needs_autograd
 from ..hub import resolve_model
 from .char_cnn import TokenEncoder
 from .characters import lengths_from_ids, pad_batch
 from .inputs import InputScheme
-from .lstm import BiLstm, LstmState, Packing, needs_autograd
+from .lstm import BiLstm, LstmState, Packing
 from .manylangs import read_manylangs
 from .options import BiLMOptions
 from .tfhub import read_tfhub
 from .weights import check_weight_shapes, load_weight_arrays, load_weights, save_options, save_weights
 
-__all__ = ["DEFAULT_WINDOW", "BiLM", "BiLMOutput", "CarriedState", "StateArg", "StatefulBiLM"]
+__all__ = ["BiLM", "BiLMOutput", "CarriedState", "StatefulBiLM"]
 
 # Longer inputs run through the LSTMs in windows of this many steps (exact; bounds memory).
 DEFAULT_WINDOW = 512

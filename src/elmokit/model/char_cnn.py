@@ -16,7 +16,7 @@ from .highway import Highway
 from .options import CharCNNOptions
 from .token_cache import EncodingCache, caching_allowed
 
-__all__ = ["CharCNN", "TokenEncoder", "distinct_rows", "row_hash_weights"]
+__all__: list[str] = []
 
 
 class CharCNN(nn.Module):

@@ -12,23 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = [
-    "BEGIN_OF_SENTENCE_CHAR",
-    "BEGIN_OF_WORD_CHAR",
-    "BOS_TOKEN",
-    "END_OF_SENTENCE_CHAR",
-    "END_OF_WORD_CHAR",
-    "EOS_TOKEN",
-    "EXPECTED_SENTENCES",
-    "MAX_CHARACTERS_PER_TOKEN",
-    "PADDING_CHAR",
-    "batch_to_ids",
-    "check_token_lists",
-    "lengths_from_ids",
-    "pad_batch",
-    "token_to_ids",
-    "tokens_to_ids",
-]
+__all__ = ["batch_to_ids"]
 
 MAX_CHARACTERS_PER_TOKEN = 50
 BEGIN_OF_SENTENCE_CHAR = 256  # <S>

@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from torch import nn
 
-__all__ = ["Highway"]
+__all__: list[str] = []
 
 
 class Highway(nn.Module):

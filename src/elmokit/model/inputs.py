@@ -11,7 +11,7 @@ import torch
 
 from .characters import BOS_TOKEN, EOS_TOKEN, PADDING_CHAR, tokens_to_ids
 
-__all__ = ["InputScheme"]
+__all__: list[str] = []
 
 
 class InputScheme:

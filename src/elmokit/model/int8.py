@@ -37,17 +37,7 @@ from .char_cnn import CharCNN
 from .lstm import FORGET_BIAS, INPUT_CHUNK_ELEMENTS, BiLstmLayer, Packing
 from .options import CharCNNOptions
 
-__all__ = [
-    "FORM",
-    "Int8BiLstmLayer",
-    "Int8CharCNN",
-    "Int8Linear",
-    "check_int8",
-    "direction_steps",
-    "is_int8",
-    "quantize_bilm",
-    "scripted",
-]
+__all__ = ["quantize_bilm"]
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from ..base import kernels
 from ..base.kernels import needs_autograd
 from .options import LstmOptions
 
-__all__ = ["BiLstm", "BiLstmLayer", "LstmState", "Packing", "needs_autograd"]
+__all__: list[str] = []
 
 FORGET_BIAS = 1.0
 

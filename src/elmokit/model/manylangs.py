@@ -66,17 +66,7 @@ from .options import (
     _shown,
 )
 
-__all__ = [
-    "CONFIGS_DIR",
-    "ManyLangsConfig",
-    "ManyLangsError",
-    "ManyLangsInputs",
-    "ManyLangsModel",
-    "model_config_file",
-    "read_dictionary",
-    "read_manylangs",
-    "read_model_config",
-]
+__all__: list[str] = []
 
 CONFIGS_DIR = Path(__file__).parent.parent / "manylangs_configs"  # copies of the configs of its package
 REQUIRED_FILES = ("config.json", "char.dic", "token_embedder.pkl", "encoder.pkl")  # + word.dic

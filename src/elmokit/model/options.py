@@ -11,16 +11,7 @@ from typing import Any
 from ..base import bounds
 from .characters import MAX_CHARACTERS_PER_TOKEN
 
-__all__ = [
-    "ORIGINAL_FILTERS",
-    "PRESETS",
-    "BiLMOptions",
-    "CharCNNOptions",
-    "LstmOptions",
-    "OptionsError",
-    "preset",
-    "read_json",
-]
+__all__ = ["BiLMOptions", "OptionsError"]
 
 
 class OptionsError(ValueError):

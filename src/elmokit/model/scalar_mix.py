@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["ScalarMix", "mix_layers"]
+__all__ = ["ScalarMix"]
 
 
 class ScalarMix(nn.Module):

@@ -18,7 +18,7 @@ import torch
 
 from .lstm import BiLstm, BiLstmLayer, LstmState
 
-__all__ = ["reverse_index", "scan_bilstm", "scan_layer"]
+__all__: list[str] = []
 
 
 def _scan():

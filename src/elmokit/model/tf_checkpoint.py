@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Checkpoint", "CheckpointError", "TensorEntry", "is_checkpoint"]
+__all__: list[str] = []
 
 MAX_INDEX_BYTES = 64 * 2**20
 MAX_ENTRIES = 100_000

@@ -31,7 +31,7 @@ from .options import BiLMOptions
 from .tf_checkpoint import Checkpoint
 from .weights import lstm_cell_prefix
 
-__all__ = ["TfHubError", "TfHubModel", "read_tfhub"]
+__all__: list[str] = []
 
 SCOPE = "bilm/"
 AGGREGATION = ("aggregation/weights", "aggregation/scaling")

@@ -30,7 +30,7 @@ import torch
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-__all__ = ["EncodingCache", "LruCache", "WeightsCheck", "caching_allowed"]
+__all__: list[str] = []
 
 
 def caching_allowed() -> bool:

@@ -31,25 +31,7 @@ from ..base.bounds import MAX_HDF5_OBJECTS
 from .lstm import LstmState
 from .options import BiLMOptions
 
-__all__ = [
-    "SOFTMAX_FILE",
-    "START_STATE_DATASETS",
-    "UnsafeHDF5Error",
-    "WeightFileError",
-    "char_cnn_file_shapes",
-    "check_weight_shapes",
-    "create_hdf5",
-    "has_start_state",
-    "load_softmax",
-    "load_weight_arrays",
-    "load_weights",
-    "lstm_cell_prefix",
-    "open_hdf5",
-    "save_options",
-    "save_softmax",
-    "save_weights",
-    "write_start_state",
-]
+__all__ = ["WeightFileError"]
 
 SOFTMAX_FILE = "softmax.hdf5"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..base.atomic import write_bytes
 
-__all__ = ["plot_probes", "probe_title"]
+__all__: list[str] = []
 
 
 def probe_title(record: Mapping[str, Any]) -> str:

@@ -30,18 +30,7 @@ from ..base.task_data import TaggedSentence, read_conll2003, read_conllu, spans
 from ..embed.embedder import Embedder
 from ..model.scalar_mix import ScalarMix
 
-__all__ = [
-    "FORMATS",
-    "Features",
-    "LayerScores",
-    "ProbeResult",
-    "ProbeSettings",
-    "compute_features",
-    "parse_layers",
-    "probe_files",
-    "read_tagged",
-    "run_probe",
-]
+__all__ = ["ProbeResult", "read_tagged", "run_probe"]
 
 logger = logging.getLogger(__name__)
 

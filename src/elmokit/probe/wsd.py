@@ -27,17 +27,7 @@ import numpy as np
 from ..embed.embedder import Embedder
 from .tagging import parse_layers
 
-__all__ = [
-    "Instance",
-    "WsdSentence",
-    "first_senses",
-    "gold_key_path",
-    "read_gold_keys",
-    "read_wsd_xml",
-    "run_wsd",
-    "wsd_files",
-    "wsd_table",
-]
+__all__ = ["first_senses", "read_gold_keys", "read_wsd_xml", "run_wsd"]
 
 logger = logging.getLogger(__name__)
 

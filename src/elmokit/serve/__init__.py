@@ -31,34 +31,7 @@ except ImportError as _err:  # pragma: no cover - depends on the environment
         f"elmokit serve needs the serve extra ({_err}); install it with: pip install 'elmokit[serve]'"
     ) from None
 
-from .app import create_app, create_app_from_env, is_loopback, serve
-from .batcher import Batcher, Metrics
-from .config import (
-    API_KEY_ENV,
-    CONFIG_ENV,
-    Limits,
-    ServeConfig,
-    ServedModel,
-    load_model,
-    load_models,
-    model_name,
-)
-from .limits import ApiError
+from .app import create_app, serve
+from .config import ServeConfig
 
-__all__ = [
-    "API_KEY_ENV",
-    "CONFIG_ENV",
-    "ApiError",
-    "Batcher",
-    "Limits",
-    "Metrics",
-    "ServeConfig",
-    "ServedModel",
-    "create_app",
-    "create_app_from_env",
-    "is_loopback",
-    "load_model",
-    "load_models",
-    "model_name",
-    "serve",
-]
+__all__ = ["ServeConfig", "create_app", "serve"]

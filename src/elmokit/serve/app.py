@@ -45,28 +45,7 @@ from .limits import (
     read_json,
 )
 
-__all__ = [
-    "ENCODINGS",
-    "ENDPOINTS",
-    "MAX_K",
-    "OPEN_PATHS",
-    "POOLED_LAYERS",
-    "create_app",
-    "create_app_from_env",
-    "embed",
-    "embeddings",
-    "health",
-    "info",
-    "is_loopback",
-    "list_models",
-    "openapi",
-    "prometheus",
-    "ready",
-    "score",
-    "serve",
-    "substitutes",
-    "tokenize",
-]
+__all__ = ["create_app", "serve"]
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from .config import ServeConfig, ServedModel
 from .limits import RETRY, ApiError, ClientGone
 
-__all__ = ["Batcher", "Metrics"]
+__all__: list[str] = []
 
 log = logging.getLogger(__name__)
 

@@ -17,16 +17,7 @@ from ..embed.embedder import Embedder
 from ..hub import DEFAULT_MODEL, resolve_model
 from ..lm.language_model import LanguageModel
 
-__all__ = [
-    "API_KEY_ENV",
-    "CONFIG_ENV",
-    "Limits",
-    "ServeConfig",
-    "ServedModel",
-    "load_model",
-    "load_models",
-    "model_name",
-]
+__all__ = ["ServeConfig"]
 
 log = logging.getLogger(__name__)
 

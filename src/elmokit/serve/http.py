@@ -21,7 +21,7 @@ from typing import Any
 
 from .limits import error_body
 
-__all__ = ["HeadLimits", "protocol", "refusal"]
+__all__: list[str] = []
 
 log = logging.getLogger(__name__)
 

@@ -16,21 +16,7 @@ from starlette.responses import JSONResponse
 from ..base.textfiles import line_splitter
 from .config import Limits
 
-__all__ = [
-    "ApiError",
-    "ClientGone",
-    "Inputs",
-    "RETRY",
-    "REQUEST_ID",
-    "check_text",
-    "choice",
-    "encode",
-    "error_body",
-    "error_response",
-    "flag",
-    "integer",
-    "kind_of",
-]
+__all__: list[str] = []
 
 RETRY = {"Retry-After": "1"}  # sent with every 503
 REQUEST_ID: ContextVar[str | None] = ContextVar("elmokit_request_id", default=None)  # set by the app's guard

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._version import __version__
 
-__all__ = ["schema"]
+__all__: list[str] = []
 
 _REF = "#/components/schemas/"
 

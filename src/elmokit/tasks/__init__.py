@@ -7,42 +7,6 @@ biLM (the default) its layers are computed once per data set (``LayerCache``) an
 mix and the task model are trained.
 """
 
-from ..base.task_data import (
-    LabeledSentence,
-    TaggedSentence,
-    bioes_to_iob1,
-    iob1_to_bioes,
-    read_conll2003,
-    read_conllu,
-    read_sst,
-    spans,
-)
-from .cache import CachedLayers, LayerCache
-from .crf import ConditionalRandomField, bioes_constraints
-from .models import Batch, Classifier, ModelConfig, Tagger
-from .train import TASKS, TaskConfig, TrainedTask, cache_layers, entity_scores, run_task
+from .train import TaskConfig, TrainedTask, run_task
 
-__all__ = [
-    "TASKS",
-    "Batch",
-    "CachedLayers",
-    "Classifier",
-    "ConditionalRandomField",
-    "LabeledSentence",
-    "LayerCache",
-    "ModelConfig",
-    "TaggedSentence",
-    "Tagger",
-    "TaskConfig",
-    "TrainedTask",
-    "bioes_constraints",
-    "bioes_to_iob1",
-    "cache_layers",
-    "entity_scores",
-    "iob1_to_bioes",
-    "read_conll2003",
-    "read_conllu",
-    "read_sst",
-    "run_task",
-    "spans",
-]
+__all__ = ["TaskConfig", "TrainedTask", "run_task"]

@@ -38,7 +38,7 @@ FORMAT = "elmokit-task-layers-v2"
 MODE = "warm"
 _WRITE_BLOCK_TOKENS = 65536
 
-__all__ = ["CachedLayers", "LayerCache", "default_cache_dir", "file_sha256", "sentences_digest"]
+__all__: list[str] = []
 
 
 def default_cache_dir() -> Path:

@@ -17,7 +17,7 @@ from ..base._console import CommandParser, command_context
 from .models import ModelConfig
 from .train import TaskConfig, run_task
 
-__all__ = ["add_task_arguments", "add_task_parser", "main", "task_command"]
+__all__: list[str] = []
 
 
 # The order of the options in the help (the fields' own order is the stored configuration's).

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["ConditionalRandomField", "FORBIDDEN", "bioes_constraints"]
+__all__: list[str] = []
 
 # Score given to a forbidden transition: exp(-1e4) is 0 in float32, and it stays finite.
 FORBIDDEN = -1e4

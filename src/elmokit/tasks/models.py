@@ -28,17 +28,7 @@ from ..model.elmo import Elmo
 from ..model.scalar_mix import ScalarMix
 from .crf import ConditionalRandomField
 
-__all__ = [
-    "ELMO_SITES",
-    "ELMO_WEIGHTINGS",
-    "Batch",
-    "CharCNN",
-    "Classifier",
-    "LayerWeighting",
-    "ModelConfig",
-    "Tagger",
-    "TokenFeatures",
-]
+__all__: list[str] = []
 
 ELMO_SITES = ("input", "output", "both")
 ELMO_WEIGHTINGS = ("mix", "average", "top")

@@ -39,7 +39,8 @@ from ..base.task_data import (
     read_sst,
     tag_scheme,
 )
-from ..hub import DEFAULT_MODEL, TINY_REFERENCE, model_files
+from ..hub import DEFAULT_MODEL, model_files
+from ..hub.shipped import TINY_REFERENCE
 from ..model.bilm import BiLM
 from ..model.characters import batch_to_ids, token_to_ids
 from ..model.elmo import Elmo
@@ -50,7 +51,7 @@ from .models import Batch, Classifier, ModelConfig, Tagger
 if TYPE_CHECKING:
     from ..embed.embedder import Embedder
 
-__all__ = ["TASKS", "TaskConfig", "TrainedTask", "cache_layers", "entity_scores", "run_task"]
+__all__ = ["TaskConfig", "TrainedTask", "run_task"]
 
 logger = logging.getLogger(__name__)
 

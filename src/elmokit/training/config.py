@@ -30,26 +30,7 @@ from ..lm.checkpoints import CONFIG_FILE, VOCAB_FILE, SaveFolder, read_json
 from ..lm.vocabulary import Vocabulary
 from ..model.options import BiLMOptions
 
-__all__ = [
-    "DEFAULT_EPOCHS",
-    "LIMITS",
-    "PRECISIONS",
-    "RESUMABLE",
-    "OptionSpec",
-    "Range",
-    "TrainConfig",
-    "TrainingError",
-    "check_option",
-    "config_from_options",
-    "option_name",
-    "parse_duration",
-    "parse_gpus",
-    "prepare_run",
-    "resume_config",
-    "save_config",
-    "train_options",
-    "training_options",
-]
+__all__ = ["TrainConfig"]
 
 
 class TrainingError(RuntimeError):

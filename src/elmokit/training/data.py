@@ -54,15 +54,7 @@ HELDOUT_BATCH_SIZE = 256  # streams of bilm-tf's evaluation protocol
 PathLike = str | os.PathLike
 Files = PathLike | Sequence[PathLike]
 
-__all__ = [
-    "HELDOUT_BATCH_SIZE",
-    "BidirectionalLMBatches",
-    "LMBatches",
-    "SentenceStream",
-    "corpus_files",
-    "count_tokens",
-    "heldout_batches",
-]
+__all__: list[str] = []
 
 
 def count_tokens(paths: PathLike | Iterable[PathLike]) -> Counter[str]:

@@ -22,7 +22,7 @@ from ..lm.start_state import sentence_losses
 from ..model.lstm import LstmState
 from .data import corpus_files, heldout_batches, read_sentences
 
-__all__ = ["PERPLEXITY_PROTOCOL", "Perplexity", "evaluate_perplexity"]
+__all__: list[str] = []
 
 PERPLEXITY_PROTOCOL = (
     "bilm-tf test protocol: full softmax, batch {batch_size} streams, unroll_steps=1 with the LSTM "

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.atomic import disk_full, raise_if_signalled, terminate_raises, write_json
-from ..hub import refuse_package_path
+from ..hub.shipped import refuse_package_path
 from ..lm.checkpoints import SaveFolder, checkpoint_step
 from ..lm.language_model import LanguageModel
 from ..model.lstm import LstmState
@@ -23,12 +23,7 @@ from ..model.weights import (
     write_start_state,
 )
 
-__all__ = [
-    "TRAINING_FILE",
-    "check_new_folder",
-    "copy_with_start_state",
-    "export_model",
-]
+__all__: list[str] = []
 
 TRAINING_FILE = "training.json"
 

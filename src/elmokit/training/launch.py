@@ -22,7 +22,7 @@ from ..base.devices import this_process
 from .config import TrainConfig, TrainingError, prepare_run
 from .loop import Outcome, train
 
-__all__ = ["launch", "messages_to"]
+__all__: list[str] = []
 
 
 class _Forward(logging.Handler):

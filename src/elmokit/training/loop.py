@@ -63,21 +63,7 @@ from .data import (
 from .evaluate import Perplexity, evaluate_perplexity
 from .metrics import MetricsLog, append_heldout, check_logs, truncate_log
 
-__all__ = [
-    "Distributed",
-    "Interrupted",
-    "Outcome",
-    "RunState",
-    "StopRequest",
-    "Trainer",
-    "check_heldout",
-    "initialize_from",
-    "run_training",
-    "setup_distributed",
-    "total_steps",
-    "train",
-    "truncate_log",
-]
+__all__ = ["train"]
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JsonLimits", "read_json"]
+__all__: list[str] = []
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)

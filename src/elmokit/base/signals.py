@@ -33,16 +33,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeAlias
 
-__all__ = [
-    "STOP_SIGNALS",
-    "Handler",
-    "at_default",
-    "in_main_thread",
-    "installed",
-    "interrupt_on_sigint",
-    "noting",
-    "pass_on",
-]
+__all__: list[str] = []
 
 # what signal.signal takes: a function of (signum, frame), SIG_DFL or SIG_IGN
 Handler: TypeAlias = "Callable[[int, FrameType | None], Any] | int | signal.Handlers"

@@ -1205,7 +1205,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     from dataclasses import fields
 
-    from ..serve import Limits, ServeConfig  # without the serve extra, an ImportError (_DeferredParser)
+    from ..serve import ServeConfig  # without the serve extra, an ImportError (_DeferredParser)
+    from ..serve.config import Limits
 
     p.add_argument(
         "--model",

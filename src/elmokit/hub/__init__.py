@@ -11,9 +11,9 @@ files, as a spec is for a model).
 """
 
 from .cache import cache_dir
+from .entries import DownloadError
 from .resolve import ModelSource, download_model, model_files, resolve_model
 from .shipped import DEFAULT_MODEL
-from .entries import DownloadError
 
 __all__ = [
     "DEFAULT_MODEL",

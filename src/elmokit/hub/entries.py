@@ -35,23 +35,7 @@ from ..base.jsonfiles import read_json
 from .cache import cache_dir
 from .file_kinds import Expected, url_kind, wrong_kind
 
-__all__ = [
-    "META",
-    "ChecksumError",
-    "DownloadError",
-    "OfflineError",
-    "again_hint",
-    "cache_key",
-    "cached_file",
-    "entry_dir",
-    "entry_lock",
-    "file_name",
-    "is_cached",
-    "is_url",
-    "normalize_url",
-    "read_meta",
-    "record",
-]
+__all__ = ["DownloadError"]
 
 logger = logging.getLogger(__name__)
 

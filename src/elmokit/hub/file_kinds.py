@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..base.jsonfiles import read_json
 
-__all__ = ["CHUNK", "MAX_GZIP_RATIO", "Expected", "sniff", "url_kind", "wrong_kind"]
+__all__: list[str] = []
 
 MAX_GZIP_RATIO = 1000  # a gzip file or gzip-encoded body may expand this much (more is a gzip bomb)
 CHUNK = 1 << 20

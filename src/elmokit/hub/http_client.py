@@ -61,7 +61,7 @@ from .cache import ENV_CACHE
 from .entries import ChecksumError, DownloadError, file_name, record
 from .file_kinds import CHUNK, Expected, wrong_kind
 
-__all__ = ["HEADER_DEADLINE", "MAX_REDIRECTS", "MIN_RATE", "RATE_WINDOW", "TIMEOUT", "download"]
+__all__: list[str] = []
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ..base.devices import Process, process_device, this_process
 from .config import TrainConfig
 
-__all__ = ["Distributed", "setup_distributed"]
+__all__: list[str] = []
 
 
 @dataclass(frozen=True)

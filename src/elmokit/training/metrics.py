@@ -16,7 +16,7 @@ from ..lm.checkpoints import METRICS_FILES
 from .config import TrainingError
 from .evaluate import Perplexity
 
-__all__ = ["HELDOUT_FIELDS", "MetricsLog", "append_heldout", "check_logs", "read_log", "truncate_log"]
+__all__: list[str] = []
 
 HELDOUT_FIELDS = ["step", "tokens", "forward", "backward", "average", "predictions"]
 

@@ -21,7 +21,6 @@ import hashlib
 import logging
 import os
 import re
-import sys
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -191,7 +190,7 @@ def entry_lock(entry: Path, url: str, progress: bool) -> Iterator[None]:
         lock.acquire(timeout=0.5)
     except Timeout:
         if progress:
-            print(f"elmokit: waiting for another process that downloads {url}", file=sys.stderr)
+            logger.warning("waiting for another process that downloads %s", url)
         lock.acquire()
     try:
         yield

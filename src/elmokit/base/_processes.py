@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-__all__ = ["in_process_group", "run_processes"]
+__all__ = ["first_failure", "in_process_group", "run_processes"]
 
 
 def in_process_group(entrypoint: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -85,6 +85,16 @@ def run_processes(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def first_failure(error: ChildFailedError) -> tuple[int, int, str]:
+    """The process of ``run_processes`` that failed first: its rank, its exit code (negative:
+    killed by that signal) and its message (``"TypeName: text"`` of the exception it raised, or
+    torch's words where it left none)."""
+    rank, failure = error.get_first_failure()
+    message = failure.message
+    text = message if isinstance(message, str) else str(message.get("message", ""))
+    return rank, failure.exitcode, text
 
 
 # the loggers of torch's elastic launcher, whose report of a failed process (a traceback of the

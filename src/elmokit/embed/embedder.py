@@ -95,6 +95,10 @@ class Embedder:
     exported in memory when None) on the CPU in float32, with the same modes, batching and outputs
     (docs/export.md: within 1e-5 of the torch backend).
 
+    The model, ``device``, ``dtype``, ``backend`` and ``onnx_file`` make the Embedder's runner
+    (``elmokit.embed.runners.make_runner``), which runs each batch; ``runner`` (keyword only)
+    gives one made beforehand instead of them.
+
     ``embed_file`` and ``embed_tokens_file`` also run in several processes: ``processes=N``
     starts N workers on this machine (each on its own GPU, cuda:0 to cuda:N-1, when the Embedder
     runs on CUDA), and under torchrun each of torchrun's processes embeds its share.

@@ -27,7 +27,7 @@ file's order, so it cannot be split and is refused.
 ``processes=N`` starts the workers with the launcher of training (``base._processes``,
 torch's elastic launcher as ``torchrun --standalone`` runs it): each worker is then one of
 torchrun's processes, finds its rank and the store in its environment, and runs the code of
-torchrun's. A worker gets the Embedder's recipe (``embedder.EmbedderRecipe``: the runner's
+torchrun's. A worker gets the Embedder's recipe (``embedder._EmbedderRecipe``: the runner's
 recipe, the model and the batching), from which it builds the same Embedder on its device.
 """
 
@@ -450,8 +450,8 @@ def _tokens_share(
 
 
 # -- worker processes started here ----------------------------------------------------------------
-class EmbedderRecipe(Protocol):
-    """What a worker builds its Embedder from (``embedder.EmbedderRecipe``): it pickles."""
+class _BuildsEmbedder(Protocol):
+    """What a worker builds its Embedder from (``embedder._EmbedderRecipe``): it pickles."""
 
     @property
     def device(self) -> torch.device: ...
@@ -464,7 +464,7 @@ class _Start:
     """What each worker needs: the recipe of its Embedder and the starting process's settings."""
 
     kind: str | Callable[..., str]
-    embedder: EmbedderRecipe
+    embedder: _BuildsEmbedder
     device: str  # "cuda": each worker on cuda:LOCAL_RANK; else this device for all
     arguments: dict[str, Any]
     kernels_on: tuple[str, ...]
@@ -481,7 +481,7 @@ _INTERRUPTED = "interrupted by signal "  # a _Failed of a worker that a signal i
 def run(
     kind: str | Callable[..., str],
     processes: int,
-    embedder: EmbedderRecipe,
+    embedder: _BuildsEmbedder,
     arguments: dict[str, Any],
     what: Sequence[str],
 ) -> dict[str, Any]:

@@ -500,9 +500,9 @@ class Embedder:
             return engine.share(kind, self, arguments)
         return engine.run(kind, processes, self._recipe(), arguments, (kind, os.fspath(output_path)))
 
-    def _recipe(self) -> EmbedderRecipe:
+    def _recipe(self) -> _EmbedderRecipe:
         """What a worker process builds the same Embedder from (``embed_file`` with processes=N)."""
-        return EmbedderRecipe(
+        return _EmbedderRecipe(
             self.runner.recipe, self.bilm, self.batch_size, self.mode, self.max_tokens_per_batch
         )
 
@@ -515,7 +515,7 @@ class Embedder:
 
 
 @dataclass(frozen=True)
-class EmbedderRecipe:
+class _EmbedderRecipe:
     """An Embedder as a worker process rebuilds it (``embed_file`` with processes=N): the
     runner's recipe, the model it runs (``runner.bilm``: the int8 form already quantized) and
     the batching settings."""

@@ -561,3 +561,28 @@ def test_embedding_runs_in_eval_mode_and_gives_the_model_back_in_its_mode():
     bilm.eval()
     Embedder(bilm, mode="zero").embed_sentence(["a", "cat"])
     assert not any(m.training for m in bilm.modules())
+
+
+def test_a_runner_made_beforehand_embeds_as_the_arguments_do_and_its_recipe_rebuilds_it(bilm, sentences):
+    """``Embedder(runner=make_runner(...))`` gives the vectors of ``Embedder(...)`` with the same
+    arguments; the runner's recipe pickles, and the runner it rebuilds (a worker's) gives them
+    too; a runner with the arguments it replaces is refused."""
+    import pickle
+
+    from elmokit.embed.runners import Int8Runner, Recipe, TorchRunner, make_runner
+
+    batch = sentences[:5]
+    expected = Embedder(bilm, device="cpu", mode="zero").embed_batch(batch)
+    runner = make_runner(bilm, device="cpu")
+    assert isinstance(runner, TorchRunner) and runner.bilm is bilm  # already on the CPU: not copied
+    assert runner.recipe == Recipe("torch", "float32", None, runner.model_name)
+    again = pickle.loads(pickle.dumps(runner.recipe)).build(bilm, "cpu")
+    for made in (runner, again):
+        got = Embedder(mode="zero", runner=made).embed_batch(batch)
+        assert all(np.array_equal(a, b) for a, b in zip(expected, got))
+    assert make_runner(bilm, dtype="bf16").recipe.dtype == "bfloat16"  # one name for each dtype
+    int8 = make_runner(bilm, dtype="int8")
+    assert isinstance(int8, Int8Runner) and int8.recipe.dtype == "int8"
+    assert int8.recipe.build(int8.bilm, "cpu").bilm is int8.bilm  # a worker's: quantized once
+    with pytest.raises(ValueError, match=r"^a runner holds the model, device, dtype and backend: give them"):
+        Embedder(bilm, runner=runner)

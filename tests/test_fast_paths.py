@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -219,3 +220,29 @@ def test_sentence_index_equals_the_dict_json(tmp_path, monkeypatch, collide):
                 expected[sentence] = str(i)
                 index.add(sentence)
             assert index.to_json() == json.dumps(expected).encode()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "torchscript"])
+def test_the_shared_lstm_cell_equals_the_plain_step(compiled):
+    """``kernels.lstm_cell_``, the cell of the kernel ``lstm_inplace`` and of the int8 steps (which
+    TorchScript compiles with it), gives the floats of ``BiLstmLayer._step`` (out of place, for
+    autograd): the cell and h, with both clips reached."""
+    torch.manual_seed(0)
+    options = LstmOptions(**preset("tiny")["lstm"] | {"cell_clip": 0.5, "proj_clip": 0.2})
+    layer = lstm.BiLstmLayer(16, options)
+    n, dim, proj = 5, options.dim, options.projection_dim
+    projected = torch.randn(2, n, 4 * dim) * 3  # the input side of the gates
+    c = torch.randn(2, n, dim)
+    with torch.no_grad():
+        plain_h, plain_c = layer._step(projected, torch.zeros(2, n, proj), c)  # h = 0: gates = projected
+    cell = kernels.lstm_cell_
+    if compiled:
+        with warnings.catch_warnings():  # TorchScript's deprecation
+            warnings.simplefilter("ignore", DeprecationWarning)
+            cell = torch.jit.script(kernels.lstm_cell_)
+    i, j, f, o = projected.clone().chunk(4, dim=-1)
+    c_t = c.clone()
+    tanh_c = cell(torch.sigmoid(i), torch.sigmoid(f + lstm.FORGET_BIAS), j, c_t, options.cell_clip)
+    h = torch.bmm(torch.sigmoid(o) * tanh_c, layer.weight_projection.detach()).clamp(-0.2, 0.2)
+    assert (plain_c.abs() == 0.5).any() and (plain_h.abs() == 0.2).any()
+    assert torch.equal(c_t, plain_c) and torch.equal(h, plain_h)

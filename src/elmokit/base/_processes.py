@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from .signals import installed, interrupt_on_sigint, pass_on
 
-__all__ = ["in_process_group", "run_processes"]
+__all__ = ["first_failure", "in_process_group", "run_processes"]
 
 
 def in_process_group(entrypoint: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -77,6 +77,16 @@ def run_processes(
     )
     with installed({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: pass_on}), _quiet_launcher():
         return elastic_launch(config, _started_process)(entrypoint, args, nproc, share_cores)
+
+
+def first_failure(error: ChildFailedError) -> tuple[int, int, str]:
+    """The process of ``run_processes`` that failed first: its rank, its exit code (negative:
+    killed by that signal) and its message (``"TypeName: text"`` of the exception it raised, or
+    torch's words where it left none)."""
+    rank, failure = error.get_first_failure()
+    message = failure.message
+    text = message if isinstance(message, str) else str(message.get("message", ""))
+    return rank, failure.exitcode, text
 
 
 # the loggers of torch's elastic launcher, whose report of a failed process (a traceback of the

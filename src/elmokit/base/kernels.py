@@ -13,7 +13,8 @@ The kernels, by name (``enabled(name)``):
   (``TokenEncoder``, used by the Embedder, ``Elmo`` and every other ``BiLM`` caller; see
   ``token_cache``); plain form: every call encodes its tokens.
 - ``lstm_inplace``: without autograd, an LSTM layer's steps written into buffers made once per
-  call (``lstm_layer_inplace``); plain form: ``BiLstmLayer._step`` out of place, step by step.
+  call (``lstm_layer_inplace``, whose cell ``lstm_cell_`` the int8 form's steps share); plain
+  form: ``BiLstmLayer._step`` out of place, step by step.
 - ``lstm_scripted``: the int8 LSTM's steps of each direction (``int8.direction_steps``) compiled
   by TorchScript (``int8.scripted``); plain form: the same function run by Python.
 - ``pinned_copy``: the Embedder's vectors copied from a GPU through a page-locked buffer
@@ -308,17 +309,32 @@ def lstm_layer_inplace(
             torch.baddbmm(step_input, h_prev, w_hidden, out=gates)
             f.add_(forget)
             fo.sigmoid_()
-            c_t.mul_(f).addcmul_(i.sigmoid_(), j.tanh_())
-            if cell_clip is not None:
-                c_t.clamp_(-cell_clip, cell_clip)
+            tanh_c = lstm_cell_(i.sigmoid_(), f, j, c_t, cell_clip)
             h_t = h_blocks[t].view(2, n, proj)
             if w_proj is not None:
-                torch.bmm(o.mul_(torch.tanh(c_t, out=j)), w_proj, out=h_t)
+                torch.bmm(o.mul_(tanh_c), w_proj, out=h_t)
             else:
-                torch.tanh(c_t, out=h_t).mul_(o)
+                torch.mul(tanh_c, o, out=h_t)
             if proj_clip is not None:
                 h_t.clamp_(-proj_clip, proj_clip)
             outputs.append(h_t)
             h_prev = h_t
     out = torch.cat(outputs, dim=1) if outputs else inputs.new_zeros(2, 0, proj)
     return out, packing.final_outputs(out, h0), c
+
+
+def lstm_cell_(
+    i: torch.Tensor, f: torch.Tensor, j: torch.Tensor, c: torch.Tensor, cell_clip: float | None
+) -> torch.Tensor:
+    """The cell of one LSTM step, in place: the one written for the kernel ``lstm_inplace`` and
+    the int8 form's steps (``model.int8.direction_steps``, which TorchScript compiles with it).
+
+    i, f: the input and forget gates after their sigmoid (the forget bias added before it); j:
+    the candidate before its tanh; c: the cell, all of one shape (..., dim). c becomes
+    ``c * f + i * tanh(j)`` (one addcmul), clipped to ``cell_clip``; returns tanh(c), written
+    over j (the caller multiplies it by the output gate). The plain form, ``BiLstmLayer._step``,
+    computes the same floats out of place, as autograd needs (tests/test_fast_paths.py)."""
+    c.mul_(f).addcmul_(i, j.tanh_())
+    if cell_clip is not None:
+        c.clamp_(-cell_clip, cell_clip)
+    return torch.tanh(c, out=j)

@@ -1,6 +1,7 @@
-"""Embedding text with a biLM: the ``Embedder`` (``embedder``), the HDF5 vectors files
-(``vectors_file``), several processes sharing one file (``_multiprocess_embed``), the ONNX graph
-and its onnxruntime backend (``onnx_export``) and word senses (``senses``).
+"""Embedding text with a biLM: the ``Embedder`` (``embedder``) and what it runs each batch
+through (``runners``: torch, int8, onnxruntime), the HDF5 vectors files (``vectors_file``),
+several processes sharing one file (``_multiprocess_embed``), the ONNX graph and its onnxruntime
+backend (``onnx_export``) and word senses (``senses``).
 
 ``from elmokit.embed import Embedder`` imports the ``embedder`` module (and torch) on first use,
 so that importing ``elmokit.embed.vectors_file`` alone stays light.

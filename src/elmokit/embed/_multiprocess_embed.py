@@ -14,19 +14,21 @@ killed process is removed by the next write of OUTPUT). When all are done, proce
 input's lines again and the scratch files in line order and writes OUTPUT with
 ``vectors_file.write_vectors``, as one process does: a temporary file, renamed when complete.
 
-The processes talk only through a key-value store (torchrun's rendezvous store, or a TCPStore
-that the starting process hosts for its workers): counts for the one progress bar, the scratch
-files' names, "finished", "merged" (with the run's summary), and a failed worker's message.
-There is no process group and no collective, so a process never waits on another before the
-merge, a slow process cannot time out a fast one, and GPUs need no NCCL. A worker that fails
-makes the starting process stop the others (SIGTERM: they remove their scratch files).
+The processes talk only through a key-value store (torchrun's rendezvous store, which the
+launcher hosts for the workers it starts): counts for the one progress bar, the scratch files'
+names, "finished" and "merged" (with the run's summary). There is no process group and no
+collective, so a process never waits on another before the merge, a slow process cannot time
+out a fast one, and GPUs need no NCCL. A worker that fails makes the launcher stop the others
+(SIGTERM: they remove their scratch files), and its one line names it.
 
 Stateful mode carries each batch's LSTM states into the next batch: its vectors depend on the
 file's order, so it cannot be split and is refused.
 
-Why the workers are started here with ``torch.multiprocessing`` rather than torch's elastic
-launcher: the work needs no process group, no restarts and no environment of its own, only a
-store; the launcher's environment, logging and signal handling would have to be undone.
+``processes=N`` starts the workers with the launcher of training (``base._processes``,
+torch's elastic launcher as ``torchrun --standalone`` runs it): each worker is then one of
+torchrun's processes, finds its rank and the store in its environment, and runs the code of
+torchrun's. A worker gets the Embedder's recipe (``embedder._EmbedderRecipe``: the runner's
+recipe, the model and the batching), from which it builds the same Embedder on its device.
 """
 
 from __future__ import annotations
@@ -43,17 +45,24 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing import connection
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from ..base import kernels
-from ..base.atomic import check_output, handle_signals, remove_leftovers, scratch_path, terminate_raises
+from ..base._processes import first_failure, run_processes
+from ..base.atomic import (
+    Terminated,
+    check_output,
+    handle_signals,
+    remove_leftovers,
+    scratch_path,
+    terminate_raises,
+)
 from ..base.devices import Process, process_device, this_process
 from ..base.textfiles import count_lines, line_splitter, read_lines
 from ..model.bilm import BiLM
@@ -73,7 +82,6 @@ __all__ = ["LineEmbedder", "check_splittable", "progress_bar", "run", "share"]
 _TRAILER = struct.Struct("<q8s")  # the number of lines of a part, and this mark
 _MARK = b"elmokit1"
 _POLL_SECONDS = 0.2
-_FAILED = 2  # a worker's exit status when it failed with a message in the store
 
 
 class LineEmbedder(Protocol):
@@ -427,98 +435,85 @@ def _tokens_share(
 
 
 # -- worker processes started here ----------------------------------------------------------------
+class _BuildsEmbedder(Protocol):
+    """What a worker builds its Embedder from (``embedder._EmbedderRecipe``): it pickles."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def build(self, device: torch.device) -> LineEmbedder: ...
+
+
 @dataclass(frozen=True)
 class _Start:
-    """What each worker needs: how to build its Embedder on a device, the parent's settings."""
+    """What each worker needs: the recipe of its Embedder and the starting process's settings."""
 
     kind: str | Callable[..., str]
-    make_embedder: Callable[[torch.device], LineEmbedder]
-    device: str  # "cuda": each worker on cuda:RANK; else this device for all
+    embedder: _BuildsEmbedder
+    device: str  # "cuda": each worker on cuda:LOCAL_RANK; else this device for all
     arguments: dict[str, Any]
     kernels_on: tuple[str, ...]
     threads: int
-    port: int
-    processes: int
 
 
-_STOP_SECONDS = 30.0  # how long a worker may take to stop on SIGTERM before it is killed
+class _Failed(Exception):
+    """A worker's failure as one line: what the starting process says of it."""
+
+
+_INTERRUPTED = "interrupted by signal "  # a _Failed of a worker that a signal interrupted
 
 
 def run(
     kind: str | Callable[..., str],
     processes: int,
-    make_embedder: Callable[[torch.device], LineEmbedder],
-    device: torch.device,
+    embedder: _BuildsEmbedder,
     arguments: dict[str, Any],
     what: Sequence[str],
 ) -> dict[str, Any]:
     """Start ``processes`` workers on this machine that share the file job ``kind`` (see
-    ``share``), each with the Embedder ``make_embedder(device)`` (on a GPU: cuda:RANK, one GPU a
-    worker), and wait for them. Returns the summary. A worker that fails stops the others and
-    raises ChildProcessError naming it and its cause; ``what`` = (command, output) words it."""
+    ``share``) as torchrun's processes do, through the launcher of training
+    (``base._processes.run_processes``), each with the Embedder ``embedder.build(device)`` (on a
+    GPU: cuda:RANK, one GPU a worker), and wait for them. Returns the summary. A worker that
+    fails stops the others (SIGTERM: they remove their scratch files) and raises
+    ChildProcessError naming it and its cause; ``what`` = (command, output) words it. A worker
+    interrupted by a signal (Ctrl-C reaches every worker) raises it here as KeyboardInterrupt."""
+    device = embedder.device
     if device.type == "cuda" and processes > torch.cuda.device_count():
         raise ValueError(
             f"{processes} processes on the GPU need {processes} GPUs; this machine has "
             f"{torch.cuda.device_count()}: pass fewer processes or the device cpu"
         )
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(minutes=30)
-    )
     # CPU workers share the cores, and none uses more threads than this process
     threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // processes))
     on = tuple(name for name in kernels.NAMES if kernels.enabled(name))
-    start = _Start(
-        kind,
-        make_embedder,
-        "cuda" if device.type == "cuda" else str(device),
-        arguments,
-        on,
-        threads,
-        store.port,
-        processes,
-    )
-    context = mp.start_processes(_worker, (start,), nprocs=processes, join=False, start_method="spawn")
-    workers = context.processes  # in rank order
+    start = _Start(kind, embedder, "cuda" if device.type == "cuda" else str(device), arguments, on, threads)
     command, output = what
-    failed: tuple[int, int] | None = None
-    try:  # waited for here, not by context.join(), whose log lines would come before elmokit's
-        running = list(workers)
-        while running and failed is None:
-            # woken by a worker's end, and every second regardless: an end is never missed
-            connection.wait([worker.sentinel for worker in running], timeout=1.0)
-            failed = next(
-                ((rank, w.exitcode) for rank, w in enumerate(workers) if w.exitcode not in (None, 0)), None
-            )
-            running = [worker for worker in running if worker.exitcode is None]
-    finally:  # the others stop at once (SIGTERM: they remove their scratch files)
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-        deadline = time.monotonic() + _STOP_SECONDS
-        for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
-            if worker.is_alive():  # it did not stop on SIGTERM: its scratch file stays for the next write
-                worker.kill()
-                worker.join()
-    if failed is not None:
-        rank, code = failed
-        if code == _FAILED and store.check([f"error/{rank}"]):
-            why = ": " + store.get(f"error/{rank}").decode()
+    try:
+        results = run_processes(_worker, (start,), processes, share_cores=False)
+    except ChildFailedError as err:
+        rank, code, message = first_failure(err)
+        failed = f"{_Failed.__name__}: "
+        line = message[len(failed) :] if message.startswith(failed) else None
+        if line is not None and line.startswith(_INTERRUPTED):
+            if int(line[len(_INTERRUPTED) :]) == signal.SIGTERM:
+                raise Terminated("terminated by SIGTERM") from None
+            raise KeyboardInterrupt from None
+        if line is not None:
+            why = ": " + line
         else:
             why = f" (killed by {signal.Signals(-code).name})" if code < 0 else f" (exit status {code})"
-        raise ChildProcessError(f"{command} process {rank} failed{why}; {output} was not written")
-    if not store.check(["result"]):
-        raise ChildProcessError(f"the {command} processes ended without a result; {output} was not written")
-    return json.loads(store.get("result").decode())
+        raise ChildProcessError(f"{command} process {rank} failed{why}; {output} was not written") from None
+    return results[0]
 
 
-def _worker(rank: int, start: _Start) -> None:
-    """One worker: its share of the job; a failure's one-line message goes to the store."""
-    store = dist.TCPStore("127.0.0.1", start.port, is_master=False, timeout=timedelta(minutes=30))
-    process = Process(rank=rank, local_rank=rank, world_size=start.processes)
+def _worker(start: _Start) -> dict[str, Any] | None:
+    """One worker, one of the launcher's processes: its share of the job, found as torchrun's
+    processes find theirs; rank 0 returns the summary. A failure is raised as one line
+    (``_Failed``), which the launcher records for the starting process."""
+    process = this_process()
     try:
-        # a worker is a process of ours: SIGTERM from the starting process raises, so its
-        # scratch files are removed
+        # a worker is a process of ours: SIGTERM from the launcher raises, so its scratch files
+        # are removed
         with handle_signals(), terminate_raises():
             kernels.set_enabled(False)
             if start.kernels_on:
@@ -528,13 +523,10 @@ def _worker(rank: int, start: _Start) -> None:
             else:
                 device = torch.device(start.device)
                 torch.set_num_threads(start.threads)
-            embedder = start.make_embedder(device)
-            job = _Job(dist.PrefixStore("job/", store), process)
-            result = share(start.kind, embedder, start.arguments, job)
-            if rank == 0:
-                store.set("result", json.dumps(result))
+            result = share(start.kind, start.embedder.build(device), start.arguments)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (atomic.Terminated)
+        raise _Failed(f"{_INTERRUPTED}{int(getattr(err, 'signum', signal.SIGINT))}") from None
     except Exception as err:  # noqa: BLE001 (any failure: its one line goes to the starting process)
-        store.set(
-            f"error/{rank}", str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        )
-        sys.exit(_FAILED)
+        text = str(err).strip()
+        raise _Failed(text.splitlines()[0] if text else type(err).__name__) from None
+    return result if process.rank == 0 else None

@@ -7,15 +7,12 @@ next batch as bilm-tf and AllenNLP do (file order is kept, since order defines t
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import os
 import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +22,15 @@ import torch
 
 from ..base import kernels
 from ..base.atomic import check_output
-from ..base.devices import resolve_device, this_process
+from ..base.devices import this_process
 from ..base.textfiles import count_lines, line_splitter, read_lines
 from ..model.bilm import BiLM, CarriedState
 from ..model.characters import EXPECTED_SENTENCES, check_token_lists
-from ..model.int8 import check_int8, quantize_bilm
 from ..model.lstm import LstmState
 from . import _multiprocess_embed as engine
 from . import shards
 from .parquet_file import ParquetLayout, output_format, require_pyarrow, write_parquet
+from .runners import DTYPES, Recipe, Runner, evaluating, make_runner
 from .vectors_file import (
     TOKEN_BLOCK,
     check_layers,
@@ -49,27 +46,10 @@ from .vectors_file import (
 __all__ = ["Embedder"]
 
 MODES = ("warm", "zero", "stateful")
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
 def _device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
-
-
-@contextmanager
-def evaluating(module: torch.nn.Module) -> Iterator[None]:
-    """Run ``module`` in eval mode (no dropout) and give it back in the mode it had. A module
-    already in eval mode throughout is left alone: setting the mode and back walks every
-    submodule twice, which one sentence per call pays at every call."""
-    if not any(m.training for m in module.modules()):
-        yield
-        return
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 @dataclass
@@ -115,6 +95,10 @@ class Embedder:
     exported in memory when None) on the CPU in float32, with the same modes, batching and outputs
     (docs/export.md: within 1e-5 of the torch backend).
 
+    The model, ``device``, ``dtype``, ``backend`` and ``onnx_file`` make the Embedder's runner
+    (``elmokit.embed.runners.make_runner``), which runs each batch; ``runner`` (keyword only)
+    gives one made beforehand instead of them.
+
     ``embed_file`` and ``embed_tokens_file`` also run in several processes: ``processes=N``
     starts N workers on this machine (each on its own GPU, cuda:0 to cuda:N-1, when the Embedder
     runs on CUDA), and under torchrun each of torchrun's processes embeds its share.
@@ -130,66 +114,39 @@ class Embedder:
         dtype: str | torch.dtype = torch.float32,
         backend: str = "torch",
         onnx_file: str | os.PathLike | None = None,
+        *,
+        runner: Runner | None = None,
     ) -> None:
-        # what a worker process needs to build the same Embedder (embed_file with processes=N)
-        self._settings: dict[str, Any] = {
-            "batch_size": batch_size,
-            "mode": mode,
-            "max_tokens_per_batch": max_tokens_per_batch,
-            "dtype": dtype,
-            "backend": backend,
-            "onnx_file": onnx_file,
-        }
         asked_warm = mode == "warm"
-        int8 = dtype == "int8"  # the int8 form (backend torch) or onnxruntime's int8 graph
-        dtype = torch.float32 if int8 else dtype
         mode = "warm" if mode is None else mode
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if isinstance(dtype, str):
-            if dtype not in DTYPES:
-                raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-            dtype = DTYPES[dtype]
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        torch_int8 = int8 and backend == "torch"  # elmokit.model.int8: the model's matmuls in int8
-        if torch_int8:
-            check_int8("cpu" if device is None else device)  # before any device is looked for
-        if isinstance(model, BiLM):
-            bilm = model
-        else:
-            bilm = BiLM.from_pretrained(model)  # any form: name, folder, .zip, URL, hf://; None: the default
+        if runner is None:  # the model, device, dtype and backend: the runner's (elmokit.embed.runners)
+            runner = make_runner(model, device, dtype, backend, onnx_file)
+        elif (
+            model is not None
+            or device is not None
+            or onnx_file is not None
+            or backend != "torch"
+            or (dtype is not torch.float32)
+        ):
+            raise ValueError(
+                "a runner holds the model, device, dtype and backend: give them to make_runner, "
+                "not to the Embedder"
+            )
+        self.runner = runner
+        self.bilm = runner.bilm
         # the files of the model (and its ONNX file): inputs that no output of embed_file replaces
-        self.source_files: tuple[Path, ...] = (
-            *bilm.source_files,
-            *(() if onnx_file is None else (Path(onnx_file),)),
-        )
-        if device is None:
-            gpu = torch.cuda.is_available() and backend == "torch" and not int8
-            device = "cuda" if gpu else _device(bilm)
-        device = resolve_device(device)
-        weight = next(bilm.parameters())
-        if torch_int8:
-            bilm = quantize_bilm(bilm)  # a copy on the CPU (the model handed in is not changed)
-        elif weight.device != device or weight.dtype != dtype:
-            # a model handed in is never changed: run a copy on the requested device and dtype
-            bilm = (copy.deepcopy(bilm) if bilm is model else bilm).to(device=device, dtype=dtype)
-        if bilm is not model:
-            bilm.eval()
-        self.bilm = bilm
+        self.source_files: tuple[Path, ...] = runner.source_files
         # what a Parquet file's metadata calls the model: the name or path it was given as
-        self.model_name = _model_name(model, bilm)
+        self.model_name = runner.model_name
         self.mode, self.batch_size = mode, batch_size
         self.max_tokens_per_batch = max_tokens_per_batch
         self.carried = CarriedState() if mode == "stateful" else None
         self._pinned: torch.Tensor | None = None  # page-locked staging buffer (_to_host)
-        # backend "onnxruntime": batches run through an exported file (elmokit.embed.onnx_export)
-        self.onnx = None
-        if backend != "torch" or onnx_file is not None:
-            self.onnx = _onnx_backend(backend, bilm, onnx_file, dtype, int8)
-        if asked_warm and bilm.start_state is None:
+        if asked_warm and self.bilm.start_state is None:
             warnings.warn(
                 "the model has no start state, so warm mode starts every sentence from zero states "
                 "(the same as mode 'zero'); estimate one with: elmokit start-state MODEL --text "
@@ -224,18 +181,10 @@ class Embedder:
 
     def _embed_full(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """``embed_batch`` of sentences that all have tokens."""
-        if self.onnx is not None:  # the start state (warm) is the one held in the file
-            ids = self.bilm.batch_to_ids(sentences)
-            zeros = torch.zeros(0)
-            out = self.onnx(ids, None if self.mode == "warm" else self._initial_state(len(sentences), zeros))
-            if self.carried is not None:
-                self.carried.update(out.state)
-            self._check_finite(out.layers)
-            return self._to_host(out.layers, [len(s) for s in sentences])
-        ids = self.bilm.batch_to_ids(sentences).to(_device(self.bilm))
-        like = next(self.bilm.parameters())  # the device and dtype of the states
-        with evaluating(self.bilm):  # the token encodings come through the model's token cache
-            out = self.bilm(ids, self._initial_state(len(sentences), like))
+        ids = self.bilm.batch_to_ids(sentences)
+        # warm: the runner's start state (onnxruntime's is held in its file)
+        state = None if self.mode == "warm" else self._initial_state(len(sentences), self.runner.like)
+        out = self.runner(ids, state)
         if self.carried is not None:
             self.carried.update(out.state)
         self._check_finite(out.layers)
@@ -499,10 +448,8 @@ class Embedder:
     ) -> EmbedSummary:
         """``embed_file`` with ``shard_sentences``: prepared here (or by torchrun's process 0),
         then the parts embedded by this process or shared by ``processes`` workers."""
-        dtype = self._settings["dtype"]
-        if dtype != "int8":
-            dtype = str(DTYPES.get(dtype, dtype)).removeprefix("torch.")  # one name for fp32, float32...
-        identity = {"mode": self.mode, "dtype": dtype, "backend": self._settings["backend"]}
+        recipe = self.runner.recipe
+        identity = {"mode": self.mode, "dtype": recipe.dtype, "backend": recipe.backend}
         # the request's "format": the parts'
         arguments: dict[str, Any] = {
             "request": request,
@@ -515,9 +462,8 @@ class Embedder:
         arguments["plan"] = shards.prepare(self, request, shard_sentences, identity)
         if not shared:
             return EmbedSummary(**json.loads(shards.work(self, None, **arguments)))
-        make = functools.partial(_embedder_like, self.bilm, self._settings, self.model_name)
         what = ("embed", os.fspath(request.output_path))
-        return EmbedSummary(**engine.run(shards.work, processes, make, _device(self.bilm), arguments, what))
+        return EmbedSummary(**engine.run(shards.work, processes, self._recipe(), arguments, what))
 
     def parquet_layout(self, layers: str = "all", pooling: str | None = None) -> ParquetLayout:
         """The columns and metadata of this Embedder's Parquet files (``elmokit.embed.parquet_file``)."""
@@ -567,9 +513,13 @@ class Embedder:
         """A file job shared by ``processes`` new workers, or by torchrun's processes (1)."""
         if processes == 1:
             return engine.share(kind, self, arguments)
-        make = functools.partial(_embedder_like, self.bilm, self._settings, self.model_name)
-        what = (kind, os.fspath(output_path))
-        return engine.run(kind, processes, make, _device(self.bilm), arguments, what)
+        return engine.run(kind, processes, self._recipe(), arguments, (kind, os.fspath(output_path)))
+
+    def _recipe(self) -> _EmbedderRecipe:
+        """What a worker process builds the same Embedder from (``embed_file`` with processes=N)."""
+        return _EmbedderRecipe(
+            self.runner.recipe, self.bilm, self.batch_size, self.mode, self.max_tokens_per_batch
+        )
 
     @torch.inference_mode()
     def encode_token_block(self, tokens: list[str]) -> np.ndarray:
@@ -579,45 +529,34 @@ class Embedder:
         return block
 
 
-def _embedder_like(bilm: BiLM, settings: dict[str, Any], model_name: str, device: torch.device) -> Embedder:
-    """An Embedder of ``bilm`` with ``settings`` on ``device``: a worker's (embed_file with
-    processes=N)."""
-    with warnings.catch_warnings():  # said once, by the Embedder that started the workers
-        warnings.simplefilter("ignore", UserWarning)
-        embedder = Embedder(bilm, device=device, **settings)
-    embedder.model_name = model_name
-    return embedder
+@dataclass(frozen=True)
+class _EmbedderRecipe:
+    """An Embedder as a worker process rebuilds it (``embed_file`` with processes=N): the
+    runner's recipe, the model it runs (``runner.bilm``: the int8 form already quantized) and
+    the batching settings."""
 
+    runner: Recipe
+    bilm: BiLM
+    batch_size: int
+    mode: str
+    max_tokens_per_batch: int | None
 
-def _model_name(model: object, bilm: BiLM) -> str:
-    """The model as it was given (a name, a folder, a URL), or the folder of a BiLM's files."""
-    if isinstance(model, (str, os.PathLike)):
-        return os.fspath(model)
-    if bilm.source_files:
-        return bilm.source_files[0].parent.name
-    return ""
+    @property
+    def device(self) -> torch.device:
+        """The device of the Embedder that started the workers (cuda: each worker takes its GPU)."""
+        return _device(self.bilm)
 
-
-def _onnx_backend(
-    backend: str, bilm: BiLM, onnx_file: str | os.PathLike | None, dtype: torch.dtype, int8: bool
-):
-    """The runner of backend "onnxruntime": ``onnx_file`` (checked against ``bilm``'s weights), or
-    ``bilm`` exported in memory when None; ``int8``: its int8 graph. CPU only."""
-    if backend not in ("torch", "onnxruntime"):
-        raise ValueError(f"backend must be torch or onnxruntime, got {backend!r}")
-    if backend != "onnxruntime":
-        raise ValueError(f"onnx_file {onnx_file} runs on the onnxruntime backend: pass backend='onnxruntime'")
-    if _device(bilm).type != "cpu" or dtype != torch.float32:
-        raise ValueError("backend onnxruntime runs on the CPU in float32 or int8: pass device='cpu'")
-    from .onnx_export import OnnxBiLM, export_onnx, quantize_int8
-
-    data = export_onnx(bilm, int8=int8) if onnx_file is None else onnx_file
-    runner = OnnxBiLM(data, bilm)
-    if runner.dtype != ("int8" if int8 else "float32"):
-        if not int8 or onnx_file is None:
-            raise ValueError(f"{onnx_file} is an {runner.dtype} export: pass dtype='int8' to run it")
-        runner = OnnxBiLM(quantize_int8(Path(onnx_file).read_bytes()), bilm)
-    return runner
+    def build(self, device: torch.device) -> Embedder:
+        """The Embedder on ``device``."""
+        with warnings.catch_warnings():  # said once, by the Embedder that started the workers
+            warnings.simplefilter("ignore", UserWarning)
+            runner = self.runner.build(self.bilm, device)
+            return Embedder(
+                batch_size=self.batch_size,
+                mode=self.mode,
+                max_tokens_per_batch=self.max_tokens_per_batch,
+                runner=runner,
+            )
 
 
 def _check_sentences(sentences: Sequence[Sequence[str]]) -> None:

@@ -6,10 +6,10 @@ one matmul, for tokens up to 20 characters), highway layers and token projection
 dynamic quantized linear (``torch.ops.quantized.linear_dynamic``): weights int8, symmetric, one
 scale per output channel, prepacked once; activations quantized per call (one scale per tensor,
 so a sentence's vectors depend slightly on the others in its batch). The char embedding and the
-convolutions of longer tokens stay float32, and so do the cell's elementwise steps: the same
-gate order (i, j, f, o), forget bias, cell clip and projection clip as ``elmokit.model.lstm``. The
-outputs contract is the model's (layers, mask, final state), so every mode of the Embedder works
-on it.
+convolutions of longer tokens stay float32, and so do the cell's elementwise steps
+(``base.kernels.lstm_cell_``, the float kernel's): the same gate order (i, j, f, o), forget
+bias, cell clip and projection clip as ``elmokit.model.lstm``. The outputs contract is the
+model's (layers, mask, final state), so every mode of the Embedder works on it.
 
 Each LSTM direction runs as one function of its steps (``direction_steps``), which TorchScript
 compiles (the kernel ``lstm_scripted``): at one sentence per call the int8 matmuls are so small
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..base import kernels
+from ..base.kernels import lstm_cell_
 from .bilm import BiLM
 from .char_cnn import CharCNN
 from .lstm import FORGET_BIAS, INPUT_CHUNK_ELEMENTS, BiLstmLayer, Packing
@@ -278,7 +279,11 @@ def direction_steps(
     matmul's bias holds the forget bias), h0 (batch, proj), c0 (batch, dim) -> packed outputs
     (n_packed, proj) and final c (batch, dim). The gates go to one buffer and the cell is
     updated in place (a row that has ended keeps its last cell, its final one); their views are
-    made again only when the number of rows drops."""
+    made again only when the number of rows drops.
+
+    The cell is the float kernel's (``base.kernels.lstm_cell_``); the matmuls around it are this
+    function's own, as TorchScript compiles a free function of tensors and packed weights, not
+    ``BiLstmLayer``'s steps (methods of a module, both directions in one float ``baddbmm``)."""
     dim = c0.shape[-1]
     c = c0.clone()
     gate_buffer = inputs.new_empty(sizes[0] if len(sizes) > 0 else 0, 4 * dim)
@@ -300,10 +305,7 @@ def direction_steps(
             recurrent = torch.ops.quantized.linear_dynamic(h_prev, w_hidden, reduce_range)
             torch.add(projected[first : first + n], recurrent, out=gates)
             sigmoid_gates.sigmoid_()
-            c_t.mul_(f).addcmul_(i, j.tanh_())
-            if cell_clip is not None:
-                c_t.clamp_(-cell_clip, cell_clip)
-            h = torch.mul(o, torch.tanh(c_t, out=j))
+            h = torch.mul(o, lstm_cell_(i, f, j, c_t, cell_clip))
             if w_proj is not None:
                 h = torch.ops.quantized.linear_dynamic(h, w_proj, reduce_range)
             if proj_clip is not None:

@@ -207,7 +207,11 @@ class BiLstmLayer(nn.Module):
         self, projected: torch.Tensor, h: torch.Tensor, c: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The LSTM cell, one timestep for n rows: projected (2, n, 4 * dim) (the input side of
-        the gates), h (2, n, proj), c (2, n, dim) -> the new h and c."""
+        the gates), h (2, n, proj), c (2, n, dim) -> the new h and c.
+
+        Out of place, where the kernel ``lstm_inplace`` and the int8 form share the cell written
+        in place (``base.kernels.lstm_cell_``): autograd cannot go through writes into the gates
+        and the cell. The same floats as it (tests/test_fast_paths.py)."""
         gates = torch.baddbmm(projected, h, self.weight_hidden)
         i, j, f, o = gates.chunk(4, dim=-1)
         # c * f + i * j as one addcmul: the rounding of every elmokit release so far

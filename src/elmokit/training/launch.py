@@ -17,7 +17,7 @@ from typing import TextIO
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ..base._processes import in_process_group, run_processes
+from ..base._processes import first_failure, in_process_group, run_processes
 from ..base.devices import this_process
 from .config import TrainConfig, TrainingError, prepare_run
 from .loop import Outcome, train
@@ -94,7 +94,6 @@ def launch(
     try:
         return run_processes(_train_process, args, count, share_cores=not config.gpus)[0]
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-        last = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+        rank, code, message = first_failure(err)
+        last = message.strip().splitlines()[-1] if message.strip() else f"exit code {code}"
         raise TrainingError(f"training process {rank} failed: {last}") from None

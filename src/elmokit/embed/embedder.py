@@ -30,7 +30,7 @@ from ..model.lstm import LstmState
 from . import _multiprocess_embed as engine
 from . import shards
 from .parquet_file import ParquetLayout, output_format, require_pyarrow, write_parquet
-from .runners import DTYPES, Recipe, Runner, evaluating, make_runner
+from .runners import Recipe, Runner, make_runner
 from .vectors_file import (
     TOKEN_BLOCK,
     check_layers,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from elmokit.cli import build_parser
-from elmokit.hub import MODELS_DIR, TINY_REFERENCE
+from elmokit.cli.commands import build_parser
+from elmokit.hub.shipped import MODELS_DIR, TINY_REFERENCE
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = MODELS_DIR / TINY_REFERENCE

@@ -303,9 +303,8 @@ def test_every_text_reader_ends_lines_at_lf_crlf_and_lone_cr(tmp_path, bilm):
     """One rule for every reader (universal newlines, as allennlp's elmo command reads): the
     embed line numbers, the training data, the vocabulary and start-state's text agree."""
     from elmokit.base.textfiles import count_lines, read_lines
-    from elmokit.cli.commands import _read_sentences
     from elmokit.lm.vocabulary import Vocabulary
-    from elmokit.training.data import count_tokens
+    from elmokit.training.data import count_tokens, read_sentences
 
     path = tmp_path / "in.txt"
     path.write_bytes(b"a b\rc d\r\ne\n\rf")
@@ -316,7 +315,7 @@ def test_every_text_reader_ends_lines_at_lf_crlf_and_lone_cr(tmp_path, bilm):
         assert sorted(f) == ["0", "1", "2", "3", "4", "sentence_to_index"]
         assert [f[str(i)].shape[1] for i in range(5)] == [2, 2, 1, 0, 1]
         assert json.loads(f["sentence_to_index"][0]) == {line: str(i) for i, line in enumerate(expected)}
-    assert _read_sentences(str(path), None) == [["a", "b"], ["c", "d"], ["e"], ["f"]]
+    assert read_sentences(str(path), None) == [["a", "b"], ["c", "d"], ["e"], ["f"]]
     assert count_tokens([str(path)])["f"] == 1
     (tmp_path / "vocab.txt").write_bytes(b"<S>\r</S>\r\n<UNK>\rbank")
     assert len(Vocabulary.from_file(tmp_path / "vocab.txt")) == 4

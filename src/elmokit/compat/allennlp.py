@@ -42,7 +42,7 @@ from torch import nn
 
 from ..base.atomic import check_output
 from ..base.textfiles import check_input, count_lines, read_lines
-from ..embed.embedder import evaluating
+from ..embed.runners import evaluating
 from ..embed.vectors_file import output_array, write_vectors
 from ..hub.file_kinds import sniff
 from ..model.bilm import BiLM, BiLMOutput, CarriedState

@@ -80,7 +80,7 @@ import numpy as np
 import torch
 
 from ..base.jsonfiles import read_json
-from ..embed.embedder import evaluating
+from ..embed.runners import evaluating
 from ..hub import resolve_model
 from ..lm.language_model import LanguageModel
 from ..model.bilm import BiLM, CarriedState

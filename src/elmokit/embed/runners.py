@@ -26,17 +26,7 @@ from ..model.bilm import BiLM, BiLMOutput
 from ..model.int8 import check_int8, quantize_bilm
 from ..model.lstm import LstmState
 
-__all__ = [
-    "BACKENDS",
-    "DTYPES",
-    "Int8Runner",
-    "OnnxRunner",
-    "Recipe",
-    "Runner",
-    "TorchRunner",
-    "evaluating",
-    "make_runner",
-]
+__all__: list[str] = []
 
 BACKENDS = ("torch", "onnxruntime")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}

@@ -34,7 +34,7 @@ except ImportError as err:  # pragma: no cover - the module is only usable with 
 
 from ..compat.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, batch_to_ids
 from ..compat.files import load_bilm
-from ..embed.embedder import evaluating
+from ..embed.runners import evaluating
 from ..model.bilm import BiLM, CarriedState
 from ..model.lstm import LstmState
 

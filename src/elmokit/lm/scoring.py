@@ -58,7 +58,7 @@ import torch.nn.functional as F
 
 from ..base.atomic import atomic_path, check_output, is_stream
 from ..base.textfiles import count_lines, line_splitter, read_lines
-from ..embed.embedder import evaluating
+from ..embed.runners import evaluating
 from ..model.characters import batch_to_ids, check_token_lists
 from .language_model import NO_SOFTMAX, LanguageModel
 from .softmax import Softmax

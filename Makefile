@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 LOCK := requirements/test-lock.txt
 # What the tests and the gates use: the dev extra (it includes every optional part but flair),
-# flair (tests/test_flair.py and the flair pages of the docs) and the docs site.
+# flair (tests/integrations/test_flair.py and the flair pages of the docs) and the docs site.
 EXTRAS := dev,flair,docs
 # The slow tests (pytest marker `slow`, set in tests/conftest.py) are left to the full suite.
 FAST := -m "not slow"
@@ -90,13 +90,13 @@ test-hub-versions: install
 	  $(BIN)/pip install --quiet --target .venv-hub-$$v "huggingface_hub==$$v" --constraint $(VENV)/lock-but-hub.txt; \
 	  echo "huggingface_hub $$v:"; \
 	  PYTHONPATH=.venv-hub-$$v $(BIN)/python -m pytest -q -n 0 -p no:cacheprovider \
-	    tests/test_hub.py tests/test_compat_specs.py -k hf; \
+	    tests/hub/test_hub.py tests/compat/test_specs.py -k hf; \
 	done
 
 # The dataflow engines, which the lock leaves out (ray is large): ray[data] and pyspark[sql] at their
 # tested versions in .venv-engines on top of .venv (as test-hub-versions does), and the tests of Ray
-# Data (tests/test_ray.py: a two-node cluster on 127.0.0.1 and one ray.init of 2 CPUs, about two
-# minutes), of Spark (tests/test_spark.py: local[2], about a minute; Spark runs on Java, a headless
+# Data (tests/integrations/test_ray.py: a two-node cluster on 127.0.0.1 and one ray.init of 2 CPUs, about two
+# minutes), of Spark (tests/integrations/test_spark.py: local[2], about a minute; Spark runs on Java, a headless
 # JRE from Debian is installed when no `java` is on PATH), the Parquet tests and the pages that
 # show them (docs/ray.md, docs/spark.md, docs/embedding.md).
 RAY_VERSION := 2.60.0
@@ -108,7 +108,7 @@ test-engines: install
 	$(BIN)/pip install --quiet --target .venv-engines "ray[data]==$(RAY_VERSION)" "pyspark[sql]==$(SPARK_VERSION)" \
 	  --constraint $(LOCK)
 	PATH=$(CURDIR)/.venv-engines/bin:$$PATH PYTHONPATH=$(CURDIR)/.venv-engines $(BIN)/python -m pytest -q -n 0 -p no:cacheprovider \
-	  tests/test_ray.py tests/test_spark.py tests/test_parquet.py tests/test_docs.py -k "ray or spark or parquet or embedding.md"
+	  tests/integrations/test_ray.py tests/integrations/test_spark.py tests/embed/test_parquet_file.py tests/test_docs.py -k "ray or spark or parquet or embedding.md"
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks scripts

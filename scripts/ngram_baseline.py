@@ -21,7 +21,7 @@ Why not a library's smoothing: nltk.lm's ``KneserNeyInterpolated`` (3.10) neithe
 toy corpus its probabilities over the vocabulary sum to 0.96-1.12 with discount 0.75) nor scales
 (every lower-order query scans all higher-order contexts), and KenLM's estimator ``lmplz`` cannot
 be installed from PyPI or Debian (the ``kenlm`` wheel only queries models). The estimate here is
-vectorized numpy (seconds for a 5-gram on 3.4M tokens); tests/test_baselines.py checks it against
+vectorized numpy (seconds for a 5-gram on 3.4M tokens); tests/scripts/test_ngram_baseline.py checks it against
 a direct transcription of the formulas and checks that it normalizes. On the news corpus it gave
 the same discounts as ``lmplz`` built from source, and perplexities equal to 6 significant digits
 (lmplz's uniform floor is over its own vocabulary, a few entries larger).

@@ -27,8 +27,8 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 SLOW_MODULES = frozenset(
     {
         "test_docs",
-        "test_embed_distributed",
-        "test_onnx",
+        "test_multiprocess_embed",
+        "test_onnx_export",
         "test_seqvec",
         "test_crash",
         "test_pretrained",

@@ -95,3 +95,27 @@ def test_no_function_or_method_of_the_package_is_over_100_lines():
                     where = path.relative_to(PACKAGE.parent).as_posix()
                     offenders.append(f"{where}:{node.lineno} {node.name} ({lines} lines)")
     assert offenders == [], f"functions over {MAX_FUNCTION_LINES} lines: {', '.join(offenders)}"
+
+
+def test_the_tests_mirror_the_package():
+    """A test module lives in the folder of the package it tests (tests/model/ for
+    elmokit.model, ...), tests/scripts/ for the repository's scripts; only the tests of the
+    project as a whole (its docs, packaging, architecture, benchmarks, every layer on CUDA) stay
+    at the top."""
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("fixtures", "__pycache__")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert folders - packages == {"scripts"}, "test folders that name no package of elmokit"
+    for folder in folders:
+        assert (tests / folder / "__init__.py").is_file(), f"tests/{folder} is not a package"
+    top = sorted(p.stem for p in tests.glob("test_*.py"))
+    assert top == [
+        "test_api_surface",
+        "test_architecture",
+        "test_benchmarks",
+        "test_bit_identity",
+        "test_cuda",
+        "test_docs",
+        "test_hostile_sizes",
+        "test_packaging",
+    ]

@@ -18,7 +18,7 @@ from elmokit.training.data import BidirectionalLMBatches
 from elmokit.training.loop import Trainer
 
 from .conftest import TINY
-from .test_train import corpus, make_config  # noqa: F401  (corpus is a fixture)
+from .training.test_loop import corpus, make_config  # noqa: F401  (corpus is a fixture)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from elmokit.base.signals import STOP_SIGNALS, at_default, installed, noting
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "elmokit"
+SRC = Path(__file__).resolve().parents[2] / "src" / "elmokit"
 
 
 def test_installed_handles_the_signal_in_the_block_and_restores_the_previous_handlers():

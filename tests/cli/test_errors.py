@@ -16,7 +16,7 @@ import pytest
 from elmokit.cli.commands import build_parser
 from elmokit.hub.shipped import MODELS_DIR, TINY_REFERENCE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = MODELS_DIR / TINY_REFERENCE
 TASKS_MODULE = ("python -m elmokit.tasks",)  # the task command on its own
 
@@ -139,5 +139,6 @@ def test_a_bad_input_is_one_error_line_and_exit_status_2(command, tmp_path):
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("elmokit: error: "), done.stderr
     assert named.format(**paths) in lines[0], done.stderr
+    assert "[Errno" not in lines[0], done.stderr  # Python's own OSError text, said plainly
     assert done.returncode == 2, done.stderr
     assert list((tmp_path / "out").iterdir()) == []  # nothing written

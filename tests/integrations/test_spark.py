@@ -127,7 +127,7 @@ def test_the_predict_function_and_its_refusals():
 
 
 def test_the_docs_page_runs_and_gives_the_embedders_vectors(spark, monkeypatch):
-    spec = importlib.util.spec_from_file_location("docs_runner", Path(__file__).with_name("test_docs.py"))
+    spec = importlib.util.spec_from_file_location("docs_runner", Path(__file__).parents[1] / "test_docs.py")
     assert spec is not None and spec.loader is not None
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)  # how tests/test_docs.py runs a page: every block, in order

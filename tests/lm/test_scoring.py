@@ -428,7 +428,7 @@ def test_scores_and_distributions_on_a_gpu_equal_the_cpus(model_dir, lm, corpus)
 
 
 # -- the examples of the language model's guide ---------------------------------------------------
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "language-model.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "language-model.md"
 
 
 def _readme_block(after: str) -> list[str]:

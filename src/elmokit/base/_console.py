@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -21,7 +22,7 @@ from typing import Any, NoReturn
 
 from .atomic import handle_signals
 
-__all__ = ["CommandParser", "command_context", "say"]
+__all__ = ["CommandParser", "command_context", "error_text", "say"]
 
 
 def _close_match(word: str, choices: Iterable[str]) -> str | None:
@@ -174,3 +175,12 @@ def command_context(verbose: bool = False) -> Iterator[None]:
         stack.enter_context(_logging(verbose))
         stack.enter_context(handle_signals())
         yield
+
+
+def error_text(err: BaseException | str) -> str:
+    """The error's message; an OSError that Python raised itself (``[Errno 2] No such file or
+    directory: 'x'``) as ``x: no such file or directory``."""
+    raw = isinstance(err, OSError) and str(err).startswith("[Errno")
+    if raw and isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{os.fsdecode(err.filename)}: {err.strerror[:1].lower()}{err.strerror[1:]}"
+    return str(err)

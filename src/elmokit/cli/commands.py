@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..base._arguments import add_options, option_values, ranged
-from ..base._console import CommandParser, command_context, say
+from ..base._console import CommandParser, command_context, error_text, say
 from ..base.atomic import write_json
 from ..hub import DEFAULT_MODEL, resolve_model
 from ..hub.shipped import TINY_REFERENCE
@@ -1599,5 +1599,6 @@ def _first_line(err: BaseException) -> str:
 
 def _fail(err: BaseException | str) -> int:
     """Report an error in one line, as every command does; returns the exit status."""
-    say(f"elmokit: error: {err}")
+    say(f"elmokit: error: {error_text(err)}")
     return 2
+

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__, hub
+from .. import hub
+from .._version import __version__
 from ..base.atomic import atomic_path
 from ..base.digests import file_digest
 from ..embed.embedder import Embedder

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..base._arguments import add_options, option_values
-from ..base._console import CommandParser, command_context
+from ..base._console import CommandParser, command_context, error_text
 from .models import ModelConfig
 from .train import TaskConfig, run_task
 
@@ -116,5 +116,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return args.func(args)
         except (OSError, ValueError, ImportError) as err:
-            print(f"elmokit: error: {err}", file=sys.stderr)
+            print(f"elmokit: error: {error_text(err)}", file=sys.stderr)
             return 2

@@ -262,7 +262,7 @@ def test_pickles_holding_anything_but_tensors_are_refused(tmp_path):
     torch.save({**state, "extra": _Exploit()}, folder / "encoder.pkl")
     with pytest.raises(
         ManyLangsError,
-        match=r"encoder\.pkl: refused to load: it names the Python global tests\.test_manylangs\._record, "
+        match=r"encoder\.pkl: refused to load: it names the Python global tests\.model\.test_manylangs\._record, "
         r"which could run code; elmokit never runs code from a model file$",
     ):
         BiLM.from_pretrained(folder)

@@ -103,7 +103,7 @@ CASES: dict[tuple[str, ...], tuple[list[str], str]] = {
 
 # Commands whose bad input is reached only with an optional part installed (without it, the
 # one error line names the extra to install: tests/cli/test_messages.py).
-NEEDS = {("export-onnx",): ("onnx",), ("serve",): ("fastapi", "uvicorn", "prometheus_client")}
+NEEDS = {("export-onnx",): ("onnx",), ("serve",): ("starlette", "uvicorn", "prometheus_client")}
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):

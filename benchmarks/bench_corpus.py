@@ -89,13 +89,16 @@ def small_model(folder: Path, seed: int) -> Path:
 
 # -- one measured command ------------------------------------------------------------------------
 class TreeSampler(threading.Thread):
-    """Peak RSS of every process of a process tree, sampled every ``interval`` seconds."""
+    """Peak RSS and CPU seconds of every process of a process tree, sampled every ``interval``
+    seconds (a process's CPU time as last seen: a Ray cluster's processes, which the command
+    stops rather than reaps, count as the command's, not as other processes')."""
 
     def __init__(self, pid: int, interval: float = 0.1) -> None:
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.peaks: dict[int, float] = {}  # MB
         self.titles: dict[int, str] = {}
+        self.cpu: dict[int, float] = {}  # CPU seconds
         self.tree_peak = 0.0
         self.stop = threading.Event()
 
@@ -116,6 +119,8 @@ class TreeSampler(threading.Thread):
                 try:
                     rss = proc.memory_info().rss / 2**20
                     title = " ".join(proc.cmdline())[:160]
+                    times = proc.cpu_times()
+                    self.cpu[proc.pid] = times.user + times.system
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 total += rss
@@ -199,7 +204,9 @@ def run_measured(
         "returncode": proc.returncode,
         "killed": killed,
         "seconds": seconds,
-        "others_cpu_busy": max(others_busy(before, after) - child_cpu / total_cpu, 0.0),
+        "others_cpu_busy": max(
+            others_busy(before, after) - max(child_cpu, sum(sampler.cpu.values())) / total_cpu, 0.0
+        ),
         "sampler": sampler,
         "stderr": stderr,
         "stdout": stdout,

@@ -82,6 +82,8 @@ def main() -> None:
     for fmt in formats:
         if fmt not in ("hdf5", "parquet"):
             raise SystemExit(f"--formats: {fmt!r} is neither hdf5 nor parquet")
+    if args.words is not None and args.words < 1:
+        raise SystemExit(f"--words must be at least 1, got {args.words}")
     print(f"{'format':>8} {'lines':>8} {'tokens':>10} {'seconds':>8} {'peak RSS MB':>12} {'output MB':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):

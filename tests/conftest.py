@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,12 @@ FIXTURES = Path(__file__).parent / "fixtures"
 HDF5_BYTES_REPEAT = tuple(int(n) for n in __import__("h5py").version.hdf5_version.split(".")[:2]) >= (2, 0)
 TINY = FIXTURES / "elmo-tiny"
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread per core among pytest-xdist's workers: two workers of two threads each on two cores
+# spin against each other (OpenMP waits busily), which tripled the slowest tests' times. The
+# commands the tests start inherit the same share through OMP_NUM_THREADS.
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+torch.set_num_threads(_THREADS)
+os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
 
 # The quick tier (`make test-fast`, pytest -m "not slow") leaves these modules to the whole suite:
 # they run every page of the docs twice, start several processes or torchrun, export and run ONNX

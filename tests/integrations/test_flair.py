@@ -214,6 +214,7 @@ def test_a_saved_tagger_loads_in_a_fresh_process_without_importing_elmokit(tmp_p
     np.save(tmp_path / "expected.npy", _vectors([sentence])[0])
     script = (
         "import sys, numpy as np, torch\n"
+        "torch.set_num_threads(int(sys.argv[3]))  # this process's: sums in the same order\n"
         "from flair.data import Sentence\n"
         "from flair.models import SequenceTagger\n"
         "assert 'elmokit' not in sys.modules\n"
@@ -226,7 +227,14 @@ def test_a_saved_tagger_loads_in_a_fresh_process_without_importing_elmokit(tmp_p
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "tagger.pt"), str(tmp_path / "expected.npy")],
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(tmp_path / "tagger.pt"),
+            str(tmp_path / "expected.npy"),
+            str(torch.get_num_threads()),
+        ],
         capture_output=True,
         text=True,
         env=env,

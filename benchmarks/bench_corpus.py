@@ -1,7 +1,8 @@
 """A corpus through `elmokit embed`: one process, `--nproc 2` and Ray Data, to HDF5 and Parquet.
 
     python benchmarks/bench_corpus.py [CORPUS] [--sentences 20000] [--models tiny,small]
-        [--workers 2] [--rounds 1] [--threads T] [--shard-sentences S] [--seed 0]
+        [--workers 2] [--rounds 1] [--threads T] [--cells one-hdf5,...,ray-parquet]
+        [--shard-sentences S] [--seed 0]
         [--timeout 1800] [--json OUT]
 
 The same sentences (the first ``--sentences`` non-blank lines of CORPUS, one tokenized sentence a
@@ -21,8 +22,11 @@ seconds) compare runs made close in time; each ratio is the median over the roun
 within a round. Per run: wall time, tokens/s (input tokens / wall time, start-up included, as
 a user sees it), the peak RSS of each process of the command (psutil, sampled every 0.1 s over
 the command's process tree; "workers" are the processes that embed: the one process, the
-``--nproc`` processes, Ray's actors), the output's size, and the share of the CPUs that other
-processes used meanwhile.
+``--nproc`` processes, Ray's actors), the CPU seconds of the workers, of the command when it
+does not embed (the ``--nproc`` launcher, Ray's driver) and of the tree's other processes (Ray's
+services), the output's size, and the share of the CPUs that processes outside the tree used
+meanwhile. ``--cells`` picks some of the five runs of a model (``nproc-parquet,ray-parquet``
+for the Ray ratio alone).
 
 Resume (when ``elmokit embed`` has ``--shard-sentences``; "not available" otherwise): per model
 and format, an uninterrupted sharded run into a folder of parts of ``--shard-sentences`` lines,
@@ -56,6 +60,7 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "corpus"
 SHAPES = {"tiny": "elmo-tiny-reference", "small": "small"}
+CELLS = [("one", "hdf5"), ("one", "parquet"), ("nproc", "hdf5"), ("nproc", "parquet"), ("ray", "parquet")]
 
 
 # -- the input -----------------------------------------------------------------------------------
@@ -133,6 +138,27 @@ class TreeSampler(threading.Thread):
 
     def workers(self, engine: str) -> list[float]:
         """Peak RSS (MB) of each process that embeds, largest first."""
+        return sorted((round(self.peaks[pid], 1) for pid in self.worker_pids(engine)), reverse=True)
+
+    def cpu_split(self, engine: str) -> dict[str, float]:
+        """CPU seconds of the processes that embed ("workers"), of the command when it is not
+        one of them ("command": the ``--nproc`` launcher, Ray's driver that writes the Parquet
+        file) and of the tree's other processes ("rest": Ray's services and helper actors, its
+        idle workers, multiprocessing's resource tracker)."""
+        workers = set(self.worker_pids(engine))
+        command = {self.pid} - workers
+
+        def total(pids: set[int]) -> float:
+            return round(sum(self.cpu.get(pid, 0.0) for pid in pids), 1)
+
+        return {
+            "workers": total(workers),
+            "command": total(command),
+            "rest": total(set(self.cpu) - workers - command),
+        }
+
+    def worker_pids(self, engine: str) -> list[int]:
+        """The processes that embed."""
         if engine == "ray":  # Ray's actors: "ray::MapWorker(MapBatches(EmbedBatches))"
             chosen = [
                 pid for pid, title in self.titles.items() if title.startswith("ray::") and "Map" in title
@@ -142,7 +168,7 @@ class TreeSampler(threading.Thread):
             chosen += [pid for pid in self.peaks if pid not in self.titles]  # seen only without a title
         else:
             chosen = [self.pid]
-        return sorted((round(self.peaks[pid], 1) for pid in chosen), reverse=True)
+        return [pid for pid in chosen if pid in self.peaks]
 
 
 def _children_cpu() -> float:
@@ -282,6 +308,7 @@ def run_cell(
         "tree_peak_rss_mb": round(sampler.tree_peak, 1),
         "processes_seen": len(sampler.peaks),
         "output_bytes": output_size(out),
+        "cpu_seconds": sampler.cpu_split(engine),
         "others_cpu_busy": round(result["others_cpu_busy"], 2),
     }
     out.unlink()
@@ -289,7 +316,8 @@ def run_cell(
         f"  {label:24s} {run['wall_seconds']:7.1f} s {run['tokens_per_second']:>8,} tok/s "
         f"(embedding {run['embed_tokens_per_second'] or 0:,.0f})  workers' peak RSS "
         f"{run['worker_peak_rss_mb']} MB (all {run['tree_peak_rss_mb']:.0f} MB)  "
-        f"{run['output_bytes'] / 2**20:.1f} MiB  others {run['others_cpu_busy']:.0%}",
+        f"{run['output_bytes'] / 2**20:.1f} MiB  CPU s workers/command/rest "
+        f"{'/'.join(str(v) for v in run['cpu_seconds'].values())}  others {run['others_cpu_busy']:.0%}",
         flush=True,
     )
     return run
@@ -423,6 +451,11 @@ def main() -> None:
         default=None,
         help="part size of the resume runs (default: sentences / 10)",
     )
+    parser.add_argument(
+        "--cells",
+        default=",".join("-".join(c) for c in CELLS),
+        help="comma-separated ENGINE-FORMAT runs of each model (default: all five)",
+    )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume runs")
     parser.add_argument("--resume-only", action="store_true", help="only the resume runs")
     parser.add_argument("--seed", type=int, default=0)
@@ -444,6 +477,12 @@ def main() -> None:
     if args.resume_only and args.no_resume:
         parser.error("--resume-only and --no-resume exclude each other")
     args.shard_sentences = args.shard_sentences or max(1, args.sentences // 10)
+    chosen = [tuple(c.strip().split("-", 1)) for c in args.cells.split(",") if c.strip()]
+    for cell in chosen:
+        if cell not in CELLS:
+            parser.error(
+                f"unknown cell {'-'.join(cell)!r} (choose from {', '.join('-'.join(c) for c in CELLS)})"
+            )
 
     env = dict(os.environ)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -470,17 +509,7 @@ def main() -> None:
         models = {
             s: (str(small_model(work / "small", args.seed)) if s == "small" else SHAPES[s]) for s in shapes
         }
-        cells = [
-            (shape, engine, fmt)
-            for shape in shapes
-            for engine, fmt in [
-                ("one", "hdf5"),
-                ("one", "parquet"),
-                ("nproc", "hdf5"),
-                ("nproc", "parquet"),
-                ("ray", "parquet"),
-            ]
-        ]
+        cells = [(shape, engine, fmt) for shape in shapes for engine, fmt in chosen]
         for round_ in range(0 if args.resume_only else args.rounds):
             print(f"round {round_ + 1}/{args.rounds}", flush=True)
             order = cells if round_ % 2 == 0 else cells[::-1]

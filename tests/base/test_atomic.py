@@ -12,7 +12,15 @@ import sys
 import pytest
 
 import elmokit.base.atomic
-from elmokit.base.atomic import Terminated, atomic_path, handle_signals, raise_if_signalled, terminate_raises
+from elmokit.base.atomic import (
+    Terminated,
+    atomic_path,
+    handle_signals,
+    make_folders,
+    raise_if_signalled,
+    remove_made_folders,
+    terminate_raises,
+)
 from elmokit.cli import main
 
 
@@ -87,7 +95,9 @@ def test_sigterm_during_a_commands_write_leaves_no_partial_file(tmp_path, monkey
         real_check()
 
     monkeypatch.setattr(elmokit.base.atomic, "raise_if_signalled", sigterm_before_the_commit)
-    code = main(["embed", str(source), str(tmp_path / "out.hdf5"), "--model", "elmo-tiny-reference", "--quiet"])
+    code = main(
+        ["embed", str(source), str(tmp_path / "out.hdf5"), "--model", "elmo-tiny-reference", "--quiet"]
+    )
     assert code == 128 + signal.SIGTERM
     assert capsys.readouterr().err.splitlines()[-1] == (
         "elmokit: error: interrupted by SIGTERM; no partial output was left"
@@ -116,3 +126,22 @@ def test_a_programs_own_handler_is_kept(tmp_path):
         signal.signal(signal.SIGTERM, previous)
     assert seen == [signal.SIGTERM]
     assert (tmp_path / "out.txt").read_text() == "written"  # the program decided, not elmokit
+
+
+def test_made_folders_are_removed_innermost_first_and_only_while_empty(tmp_path):
+    (tmp_path / "there").mkdir()
+    made = make_folders(tmp_path / "there" / "a" / "b" / "c")
+    assert made == [
+        tmp_path / "there" / "a",
+        tmp_path / "there" / "a" / "b",
+        tmp_path / "there" / "a" / "b" / "c",
+    ]
+    assert make_folders(tmp_path / "there" / "a") == []  # nothing new
+    (tmp_path / "there" / "a" / "mine.txt").write_text("put there meanwhile", encoding="utf-8")
+    remove_made_folders(made)
+    assert sorted(p.name for p in (tmp_path / "there" / "a").iterdir()) == ["mine.txt"]  # a stays
+    (tmp_path / "there" / "a" / "mine.txt").unlink()
+    remove_made_folders(make_folders(tmp_path / "there" / "a" / "x"))
+    assert not (tmp_path / "there" / "a" / "x").exists() and (tmp_path / "there" / "a").is_dir()
+    remove_made_folders(made)
+    assert list((tmp_path / "there").iterdir()) == []  # "there" was not made by either call

@@ -401,6 +401,20 @@ def test_a_failed_export_leaves_no_empty_folder(tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
     assert "missing" in _error_line(capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
+    (tmp_path / "kept").mkdir()
+    assert main(["export", str(tmp_path / "missing"), str(tmp_path / "kept" / "new" / "deeper" / "out")]) == 2
+    assert "missing" in _error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and not any((tmp_path / "kept").iterdir())
+
+
+def test_a_task_that_fails_on_its_data_leaves_no_folder_it_made(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    data = [f"--{split}={empty}" for split in ("train", "dev", "test")]
+    out = tmp_path / "runs" / "ner" / "first"
+    assert main(["task", "ner", "--no-elmo", "--quiet", "--out", str(out), *data]) == 2
+    assert "at least one sentence" in _error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
 
 
 def test_a_full_disk_during_a_task_leaves_no_prediction_files(tmp_path):

@@ -223,6 +223,32 @@ def check_outputs_in(
             check_output(path, overwrite, inputs)
 
 
+def make_folders(path: str | os.PathLike) -> list[Path]:
+    """Make the folder ``path`` and its missing parents; the folders this call made, outermost
+    first, for ``remove_made_folders`` when the command that wanted them fails."""
+    target = Path(path)
+    missing = []
+    folder = target
+    while not os.path.lexists(folder) and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    target.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def remove_made_folders(made: Iterable[Path]) -> None:
+    """Remove the folders ``make_folders`` made, innermost first, as long as each is empty:
+    one that holds something (put there meanwhile) stays, and so do its parents; one already
+    gone is passed over."""
+    for folder in reversed(list(made)):
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return
+
+
 def _refuse_input(target: Path, inputs: Iterable[str | os.PathLike]) -> None:
     """Raise ValueError if ``target`` is one of ``inputs`` (the same file under any name)."""
     try:

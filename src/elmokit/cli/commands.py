@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..base._arguments import add_options, option_values, ranged
 from ..base._console import CommandParser, command_context, error_text, say
-from ..base.atomic import write_json
+from ..base.atomic import make_folders, remove_made_folders, write_json
 from ..hub import DEFAULT_MODEL, resolve_model
 from ..hub.shipped import TINY_REFERENCE
 
@@ -411,19 +411,14 @@ def convert_command(args: argparse.Namespace) -> int:
     inputs = [p for p in module.rglob("*") if p.is_file()]
     check_outputs_in(out, names, args.overwrite, inputs)
     bilm = BiLM.from_tfhub(module)
-    created = not out.exists()
     new = [name for name in names if not (out / name).exists()]
-    out.mkdir(parents=True, exist_ok=True)
+    made = make_folders(out)
     try:
         bilm.save(out / names[0], out / names[1])
     except BaseException:
         for name in new:  # what this command wrote, nothing else
             (out / name).unlink(missing_ok=True)
-        if created:
-            try:
-                out.rmdir()
-            except OSError:
-                pass
+        remove_made_folders(made)
         raise
     print(f"wrote {out}/options.json, weights.hdf5 (bilm-tf's layout) from the TF-Hub module {module}")
     return 0
@@ -1601,4 +1596,3 @@ def _fail(err: BaseException | str) -> int:
     """Report an error in one line, as every command does; returns the exit status."""
     say(f"elmokit: error: {error_text(err)}")
     return 2
-

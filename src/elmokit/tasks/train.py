@@ -29,7 +29,15 @@ import numpy as np
 import torch
 
 from ..base._arguments import spec
-from ..base.atomic import atomic_path, check_outputs_in, disk_full_reason, write_bytes, write_json
+from ..base.atomic import (
+    atomic_path,
+    check_outputs_in,
+    disk_full_reason,
+    make_folders,
+    remove_made_folders,
+    write_bytes,
+    write_json,
+)
 from ..base.jsonfiles import read_json
 from ..base.task_data import (
     from_bioes,
@@ -480,8 +488,8 @@ def run_task(
     """Train, early-stop on dev, score dev and test; write ``out/metrics.json``, the model
     (``out/model.safetensors`` + ``out/model.json``) and the dev/test predictions; return the
     metrics. ``command``: the command line to record."""
-    with _threads(config.threads), _whole_or_nothing(Path(config.out)):
-        return _run_task(config, log, command)
+    with _threads(config.threads), _whole_or_nothing(Path(config.out)) as made:
+        return _run_task(config, log, command, made)
 
 
 def _stage(out: Path) -> Path:
@@ -493,17 +501,14 @@ def _stage(out: Path) -> Path:
 @contextlib.contextmanager
 def _whole_or_nothing(out: Path):
     """A run that fails (a full disk, bad data, Ctrl-C) leaves ``out`` as it was: its staged
-    results are removed, and ``out`` too if the run made it."""
-    made = not out.exists()
+    results are removed, and ``out`` too, with its parents, if the run made them. Yields the
+    list that ``check_task_outputs`` fills with the folders it makes."""
+    made: list[Path] = []
     try:
-        yield
+        yield made
     except BaseException as err:
         shutil.rmtree(_stage(out), ignore_errors=True)
-        if made:
-            try:
-                out.rmdir()
-            except OSError:  # something else was put there meanwhile: it stays
-                pass
+        remove_made_folders(made)
         why = disk_full_reason(err)
         if why is not None:
             left = "nothing was left" if made else f"{out} is as it was"
@@ -546,26 +551,31 @@ OUTPUT_FILES = (
 )
 
 
-def check_task_outputs(config: TaskConfig) -> Path:
-    """The output folder ``config.out``, made if missing, after checking every file a run writes
-    there by the output policy of every command (``atomic.check_output``: no earlier run's file
-    without ``overwrite``, never a data file, a link, a device or a pipe)."""
+def check_task_outputs(config: TaskConfig, made: list[Path] | None = None) -> Path:
+    """The output folder ``config.out``, made if missing (the folders made are added to
+    ``made``), after checking every file a run writes there by the output policy of every
+    command (``atomic.check_output``: no earlier run's file without ``overwrite``, never a data
+    file, a link, a device or a pipe)."""
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; give a folder to write the results into")
     check_outputs_in(out, OUTPUT_FILES, config.overwrite, [config.train, config.dev, config.test])
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        folders = make_folders(out)
     except PermissionError:
         raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
+    if made is not None:
+        made.extend(folders)
     return out
 
 
-def _run_task(config: TaskConfig, log: Callable[[str], None] | None, command: str | None) -> dict:
+def _run_task(
+    config: TaskConfig, log: Callable[[str], None] | None, command: str | None, made: list[Path]
+) -> dict:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     config = copy.deepcopy(config)  # the ELMo sizes get filled in below; the caller's copy stays
     log = log or (lambda message: _log(config, message))
-    out = check_task_outputs(config)
+    out = check_task_outputs(config, made)
     _seed_everything(config.seed)
     task, tagging = config.task, config.task != "sentiment"
 

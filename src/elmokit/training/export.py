@@ -10,7 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..base.atomic import disk_full, raise_if_signalled, terminate_raises, write_json
+from ..base.atomic import (
+    disk_full,
+    make_folders,
+    raise_if_signalled,
+    remove_made_folders,
+    terminate_raises,
+    write_json,
+)
 from ..hub.shipped import refuse_package_path
 from ..lm.checkpoints import SaveFolder, checkpoint_step
 from ..lm.language_model import LanguageModel
@@ -41,7 +48,7 @@ def export_model(
 
     The files are written into a hidden folder inside ``out_dir`` and moved into place only when
     all of them are complete: after a failure (a full disk, a damaged checkpoint, Ctrl-C)
-    ``out_dir`` is as it was, and removed if this call made it."""
+    ``out_dir`` is as it was, and removed (with the parents this call made) if this call made it."""
     out, made = _output_folder(out_dir)
     with terminate_raises():
         stage: Path | None = None
@@ -80,8 +87,7 @@ def export_model(
         except BaseException:
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
-            if made:
-                _remove_if_empty(out)
+            remove_made_folders(made)
             raise
         finally:
             if stage is not None:
@@ -89,28 +95,20 @@ def export_model(
     return out
 
 
-def _remove_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:  # something else was put there meanwhile: it stays
-        pass
-
-
-def _output_folder(path: str | Path) -> tuple[Path, bool]:
-    """The folder ``path``, made if missing (and whether it was made here), checked writable and
-    outside the installed package before any work; errors name the problem."""
+def _output_folder(path: str | Path) -> tuple[Path, list[Path]]:
+    """The folder ``path``, made if missing (and the folders made here, for
+    ``remove_made_folders``), checked writable and outside the installed package before any
+    work; errors name the problem."""
     out = Path(path)
     refuse_package_path(out, "output folder")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"output {out} is a file; give a folder to write the model into")
-    made = not out.exists()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        made = make_folders(out)
     except PermissionError:
         raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
     if not os.access(out, os.W_OK | os.X_OK):
-        if made:
-            _remove_if_empty(out)
+        remove_made_folders(made)
         raise PermissionError(f"cannot write into {out}: the folder is not writable")
     return out, made
 

@@ -29,6 +29,7 @@ import zipfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from ..base.atomic import _alive
 
@@ -193,7 +194,7 @@ def unpack_zip(path: str | os.PathLike, target: str | os.PathLike) -> Path:
         try:
             with zipfile.ZipFile(path) as archive:
                 for info in members:
-                    _unpack_member(archive, info, temp, path)
+                    _unpack_zip_member(archive, info, temp, path)
         except zipfile.BadZipFile as err:
             raise ArchiveError(f"{path}: damaged archive ({err})") from None
 
@@ -267,28 +268,32 @@ def _parts(name: str) -> list[str]:
     return [p for p in PurePosixPath(name.replace("\\", "/")).parts if p not in ("", ".")]
 
 
-def _unpack_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, root: Path, path: Path) -> None:
-    out = root.joinpath(*_parts(info.filename))
-    if os.path.commonpath([root, out]) != str(root):  # checked by check_zip; never write outside
-        raise ArchiveError(f"{path}: member {info.filename!r} leads outside the archive's folder")
-    if info.is_dir():
+def _unpack_member(
+    name: str, is_dir: bool, size: int, open_member: Callable[[], IO[bytes]], root: Path, path: Path
+) -> None:
+    """Write the member ``name`` of the archive ``path`` (a folder, or a file of ``size`` bytes
+    that ``open_member`` opens) under ``root``, never outside it."""
+    out = root.joinpath(*_parts(name))
+    if os.path.commonpath([root, out]) != str(root):  # checked by check_zip/check_tar; never outside
+        raise ArchiveError(f"{path}: member {name!r} leads outside the archive's folder")
+    if is_dir:
         out.mkdir(parents=True, exist_ok=True)
         return
     out.parent.mkdir(parents=True, exist_ok=True)
-    _copy_bounded(archive.open(info), out, info.file_size, path, info.filename)
+    _copy_bounded(open_member(), out, size, path, name)
+
+
+def _unpack_zip_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, root: Path, path: Path) -> None:
+    _unpack_member(info.filename, info.is_dir(), info.file_size, lambda: archive.open(info), root, path)
 
 
 def _unpack_tar_member(archive: tarfile.TarFile, info: tarfile.TarInfo, root: Path, path: Path) -> None:
-    out = root.joinpath(*_parts(info.name))
-    if os.path.commonpath([root, out]) != str(root):  # checked by check_tar; never write outside
-        raise ArchiveError(f"{path}: member {info.name!r} leads outside the archive's folder")
-    if info.isdir():
-        out.mkdir(parents=True, exist_ok=True)
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    source = archive.extractfile(info)
-    assert source is not None  # a regular file (check_tar)
-    _copy_bounded(source, out, info.size, path, info.name)
+    def open_member() -> IO[bytes]:
+        source = archive.extractfile(info)
+        assert source is not None  # a regular file (check_tar)
+        return source
+
+    _unpack_member(info.name, info.isdir(), info.size, open_member, root, path)
 
 
 def _copy_bounded(source, out: Path, size: int, path: Path, name: str) -> None:

@@ -19,14 +19,16 @@ weights of the small shape (2x1024_128, 1 highway) that the other benchmarks use
 each Ray actor divide them). In every round the cells run one after the other, their order
 reversed in every other round, so that the ratios (Ray / ``--nproc 2`` tokens/s, Parquet / HDF5
 seconds) compare runs made close in time; each ratio is the median over the rounds of the ratio
-within a round. Per run: wall time, tokens/s (input tokens / wall time, start-up included, as
-a user sees it), the peak RSS of each process of the command (psutil, sampled every 0.1 s over
-the command's process tree; "workers" are the processes that embed: the one process, the
-``--nproc`` processes, Ray's actors), the CPU seconds of the workers, of the command when it
-does not embed (the ``--nproc`` launcher, Ray's driver) and of the tree's other processes (Ray's
-services), the output's size, and the share of the CPUs that processes outside the tree used
-meanwhile. ``--cells`` picks some of the five runs of a model (``nproc-parquet,ray-parquet``
-for the Ray ratio alone).
+within a round (also over the quiet rounds alone: those in which processes outside the runs'
+trees took at most 5% of the CPUs). Per run: wall time, tokens/s (input tokens / wall time,
+start-up included, as a user sees it), the peak RSS of each process of the command (psutil,
+sampled every 0.1 s over the command's process tree; "workers" are the processes that embed: the
+one process, the ``--nproc`` processes, Ray's actors) and of its RSS less its shared pages
+("private": a Ray actor's RSS counts the pages of Ray's shared-memory object store that it wrote
+into), the CPU seconds of the workers, of the command when it does not embed (the ``--nproc``
+launcher, Ray's driver) and of the tree's other processes (Ray's services), the output's size,
+and the share of the CPUs that processes outside the tree used meanwhile. ``--cells`` picks some
+of the five runs of a model (``nproc-parquet,ray-parquet`` for the Ray ratio alone).
 
 Resume (when ``elmokit embed`` has ``--shard-sentences``; "not available" otherwise): per model
 and format, an uninterrupted sharded run into a folder of parts of ``--shard-sentences`` lines,
@@ -102,6 +104,7 @@ class TreeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.peaks: dict[int, float] = {}  # MB
+        self.private_peaks: dict[int, float] = {}  # MB: RSS less its shared pages
         self.titles: dict[int, str] = {}
         self.cpu: dict[int, float] = {}  # CPU seconds
         self.tree_peak = 0.0
@@ -122,7 +125,9 @@ class TreeSampler(threading.Thread):
             total = 0.0
             for proc in procs:
                 try:
-                    rss = proc.memory_info().rss / 2**20
+                    memory = proc.memory_info()
+                    rss = memory.rss / 2**20
+                    private = (memory.rss - getattr(memory, "shared", 0)) / 2**20
                     title = " ".join(proc.cmdline())[:160]
                     times = proc.cpu_times()
                     self.cpu[proc.pid] = times.user + times.system
@@ -131,14 +136,19 @@ class TreeSampler(threading.Thread):
                 total += rss
                 if rss >= self.peaks.get(proc.pid, 0.0):
                     self.peaks[proc.pid] = rss
+                if private >= self.private_peaks.get(proc.pid, 0.0):
+                    self.private_peaks[proc.pid] = private
                 if title:  # the last title seen (Ray renames its workers; an exiting one has none)
                     self.titles[proc.pid] = title
             self.tree_peak = max(self.tree_peak, total)
             self.stop.wait(self.interval)
 
-    def workers(self, engine: str) -> list[float]:
-        """Peak RSS (MB) of each process that embeds, largest first."""
-        return sorted((round(self.peaks[pid], 1) for pid in self.worker_pids(engine)), reverse=True)
+    def workers(self, engine: str, private: bool = False) -> list[float]:
+        """Peak RSS (MB) of each process that embeds, largest first; with ``private``, of its
+        RSS less the shared pages (a Ray actor's RSS counts the pages of Ray's shared-memory
+        object store that it wrote its results into)."""
+        peaks = self.private_peaks if private else self.peaks
+        return sorted((round(peaks.get(pid, 0.0), 1) for pid in self.worker_pids(engine)), reverse=True)
 
     def cpu_split(self, engine: str) -> dict[str, float]:
         """CPU seconds of the processes that embed ("workers"), of the command when it is not
@@ -304,6 +314,7 @@ def run_cell(
         "tokens_per_second": round(n_tokens / result["seconds"]),
         "embed_tokens_per_second": reported_rate(result["stderr"]),
         "worker_peak_rss_mb": sampler.workers(engine),
+        "worker_peak_private_mb": sampler.workers(engine, private=True),
         "driver_peak_rss_mb": round(sampler.peaks.get(sampler.pid, 0.0), 1),
         "tree_peak_rss_mb": round(sampler.tree_peak, 1),
         "processes_seen": len(sampler.peaks),
@@ -315,7 +326,8 @@ def run_cell(
     print(
         f"  {label:24s} {run['wall_seconds']:7.1f} s {run['tokens_per_second']:>8,} tok/s "
         f"(embedding {run['embed_tokens_per_second'] or 0:,.0f})  workers' peak RSS "
-        f"{run['worker_peak_rss_mb']} MB (all {run['tree_peak_rss_mb']:.0f} MB)  "
+        f"{run['worker_peak_rss_mb']} MB (private {run['worker_peak_private_mb']} MB; "
+        f"all {run['tree_peak_rss_mb']:.0f} MB)  "
         f"{run['output_bytes'] / 2**20:.1f} MiB  CPU s workers/command/rest "
         f"{'/'.join(str(v) for v in run['cpu_seconds'].values())}  others {run['others_cpu_busy']:.0%}",
         flush=True,
@@ -407,9 +419,17 @@ def run_resume(
 
 
 # -- the report ----------------------------------------------------------------------------------
-def ratios(runs: list[dict[str, Any]], shape: str) -> dict[str, float | None]:
-    """Per-round ratios, their median over the rounds."""
-    by = {(r["engine"], r["format"], r["round"]): r for r in runs if r["model"] == shape}
+QUIET = 0.05  # a run is quiet when processes outside its tree took at most this share of the CPUs
+
+
+def ratios(runs: list[dict[str, Any]], shape: str, quiet_only: bool = False) -> dict[str, float | None]:
+    """Per-round ratios, their median over the rounds; with ``quiet_only``, over the rounds in
+    which each run of the ratio was quiet (``QUIET``)."""
+    by = {
+        (r["engine"], r["format"], r["round"]): r
+        for r in runs
+        if r["model"] == shape and (not quiet_only or r["others_cpu_busy"] <= QUIET)
+    }
     rounds = sorted({r["round"] for r in runs})
 
     def median(values: list[float]) -> float | None:
@@ -533,6 +553,7 @@ def main() -> None:
     uptime_after = Path("/proc/loadavg").read_text().split()[:3]
 
     summary = {shape: ratios(runs, shape) for shape in shapes} if runs else {}
+    quiet = {shape: ratios(runs, shape, quiet_only=True) for shape in shapes} if runs else {}
     print(
         f"\n{'model':6s} {'engine':6s} {'format':8s} {'tok/s (median)':>15s} {'worker peak RSS MB':>20s} "
         f"{'output MiB':>10s}"
@@ -545,6 +566,10 @@ def main() -> None:
         print(f"{shape:6s} {engine:6s} {fmt:8s} {rate:>15,.0f} {peak:>20.0f} {size:>10.1f}")
     for shape, figures in summary.items():
         print(f"{shape}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+        print(
+            f"{shape}, quiet rounds only (others at most {QUIET:.0%}): "
+            + ", ".join(f"{k} {v}" for k, v in quiet[shape].items())
+        )
     print(f"load average before {' '.join(uptime_before)}, after {' '.join(uptime_after)}")
 
     report = {
@@ -561,6 +586,7 @@ def main() -> None:
         "load_average_after": uptime_after,
         "runs": runs,
         "ratios": summary,
+        "ratios_quiet_rounds": quiet,
         "resume": resumes if shards else "not available" if not args.no_resume else "skipped",
         "shard_sentences": args.shard_sentences if shards else None,
     }

@@ -14,6 +14,13 @@ line as a subprocess, once per format of ``--formats`` (Parquet needs pyarrow),
 with OMP_NUM_THREADS=threads, measuring its own peak RSS (``os.wait4``; VmHWM of that process),
 its wall time and the output size. ``--src PATH`` puts PATH first on PYTHONPATH, to measure
 another copy of the package (e.g. a snapshot of ``src`` before a change) with the same script.
+
+The format ``h5py`` is the baseline of ``hdf5``: no elmokit, a child that writes with h5py alone
+one dataset of zeros a line, of the shape elmokit gives it (3 layers, the line's tokens, the
+model's output dimension), as the HDF5 layout has one dataset per sentence: what libhdf5
+itself keeps per dataset of an open file shows in its growth. Its peak is the child's VmHWM,
+which starts at its exec: ``ru_maxrss`` starts at the fork, at the size of this process (about
+220 MB with torch), above a small child's own peak.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import glob
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +38,31 @@ from pathlib import Path
 from common import LM1B_SHARDS, SHARED_DATA, run_child, thread_env
 
 ABC_NEWS = str(SHARED_DATA / "lm" / "abc_news" / "*.txt")
+FORMATS = ("hdf5", "parquet", "h5py")
+# the h5py baseline: IN OUT DIM
+H5PY_ONLY = """
+import sys, h5py, numpy as np
+dim = int(sys.argv[3])
+with open(sys.argv[1], encoding="utf-8") as lines, h5py.File(sys.argv[2], "w") as out:
+    for i, line in enumerate(lines):
+        out.create_dataset(str(i), data=np.zeros((3, len(line.split()), dim), np.float32))
+with open("/proc/self/status", encoding="ascii") as status:  # VmHWM: since exec, not the fork
+    print(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+"""
+
+
+def output_dim(model: str, env: dict[str, str]) -> int:
+    """The model's vector size, twice its LSTM projection (both directions), asked of a child:
+    this process stays small, as a child's peak RSS starts from its parent's at the fork."""
+    code = (
+        "import json, sys; from pathlib import Path; from elmokit.hub import resolve_model; "
+        "o = json.loads(Path(resolve_model(sys.argv[1]).options_file).read_text(encoding='utf-8')); "
+        "print(2 * int(o['lstm']['projection_dim']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, model], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"--model {model}: {done.stderr.strip().splitlines()[-1:]}")
+    return int(done.stdout)
 
 
 def read_pool(patterns: str) -> list[str]:
@@ -65,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10000,100000,300000")
     parser.add_argument("--model", default="elmo-tiny-reference")
-    parser.add_argument("--formats", default="hdf5", help="comma-separated: hdf5, parquet")
+    parser.add_argument("--formats", default="hdf5", help="comma-separated: hdf5, parquet, h5py")
     parser.add_argument("--words", type=int, help="keep each line's first N tokens")
     parser.add_argument("--text", default=f"{LM1B_SHARDS},{ABC_NEWS}")
     parser.add_argument("--threads", type=int, default=1)
@@ -80,8 +113,8 @@ def main() -> None:
     results = []
     formats = [f.strip() for f in args.formats.split(",")]
     for fmt in formats:
-        if fmt not in ("hdf5", "parquet"):
-            raise SystemExit(f"--formats: {fmt!r} is neither hdf5 nor parquet")
+        if fmt not in FORMATS:
+            raise SystemExit(f"--formats: {fmt!r} is not one of {', '.join(FORMATS)}")
     if args.words is not None and args.words < 1:
         raise SystemExit(f"--words must be at least 1, got {args.words}")
     print(f"{'format':>8} {'lines':>8} {'tokens':>10} {'seconds':>8} {'peak RSS MB':>12} {'output MB':>10}")
@@ -90,19 +123,26 @@ def main() -> None:
             source = Path(tmp) / f"in-{n}.txt"
             tokens = write_input(pool, n, source, args.words)
             for fmt in formats:
-                output = Path(tmp) / f"out-{n}.{fmt}"
-                cmd = [sys.executable, "-m", "elmokit.cli", "embed", str(source), str(output)]
-                cmd += ["--model", args.model, "--layers", "all", "--quiet"]
+                output = Path(tmp) / f"out-{n}.{'hdf5' if fmt == 'h5py' else fmt}"
+                if fmt == "h5py":
+                    cmd = [sys.executable, "-c", H5PY_ONLY, str(source), str(output)]
+                    cmd += [str(output_dim(args.model, env))]
+                else:
+                    cmd = [sys.executable, "-m", "elmokit.cli", "embed", str(source), str(output)]
+                    cmd += ["--model", args.model, "--layers", "all", "--quiet"]
                 result = run_child(cmd, env=env)
                 if result.returncode != 0:
                     raise SystemExit(f"embed failed ({result.returncode}): {result.stderr[-2000:]}")
+                peak = result.peak_rss_mb  # ru_maxrss: from the fork, when this process was larger
+                if fmt == "h5py":
+                    peak = int(result.stdout.split()[-1]) / 1024
                 size_mb = output.stat().st_size / 1e6
                 row = {
                     "format": fmt,
                     "lines": n,
                     "tokens": tokens,
                     "seconds": round(result.seconds, 1),
-                    "peak_rss_mb": round(result.peak_rss_mb, 1),
+                    "peak_rss_mb": round(peak, 1),
                     "output_mb": round(size_mb, 1),
                 }
                 results.append(row)

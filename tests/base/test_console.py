@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import elmokit.cli
-import elmokit.cli.commands
+import elmokit.cli._models
 from elmokit.base._console import command_context
 from elmokit.base.atomic import atomic_path
 
@@ -69,7 +69,7 @@ def test_the_cli_runs_each_command_inside_the_context(tmp_path, monkeypatch, cap
             tmp.write_text("done")
         return 0
 
-    monkeypatch.setattr(elmokit.cli.commands, "models_command", command)
+    monkeypatch.setattr(elmokit.cli._models, "models_command", command)  # bound when main builds the parser
     assert elmokit.cli.main(["models"]) == 0
     assert seen == [True] and (tmp_path / "out.txt").read_text() == "done"
     assert capsys.readouterr().err == ""  # an INFO line: shown with --verbose only

@@ -118,6 +118,7 @@ def main() -> None:
     if args.words is not None and args.words < 1:
         raise SystemExit(f"--words must be at least 1, got {args.words}")
     print(f"{'format':>8} {'lines':>8} {'tokens':>10} {'seconds':>8} {'peak RSS MB':>12} {'output MB':>10}")
+    dim = output_dim(args.model, env) if "h5py" in formats else None
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             source = Path(tmp) / f"in-{n}.txt"
@@ -126,7 +127,7 @@ def main() -> None:
                 output = Path(tmp) / f"out-{n}.{'hdf5' if fmt == 'h5py' else fmt}"
                 if fmt == "h5py":
                     cmd = [sys.executable, "-c", H5PY_ONLY, str(source), str(output)]
-                    cmd += [str(output_dim(args.model, env))]
+                    cmd += [str(dim)]
                 else:
                     cmd = [sys.executable, "-m", "elmokit.cli", "embed", str(source), str(output)]
                     cmd += ["--model", args.model, "--layers", "all", "--quiet"]

@@ -488,8 +488,8 @@ def run_task(
     """Train, early-stop on dev, score dev and test; write ``out/metrics.json``, the model
     (``out/model.safetensors`` + ``out/model.json``) and the dev/test predictions; return the
     metrics. ``command``: the command line to record."""
-    with _threads(config.threads), _whole_or_nothing(Path(config.out)) as made:
-        return _run_task(config, log, command, made)
+    with _threads(config.threads), _whole_or_nothing(config) as out:
+        return _run_task(config, out, log, command)
 
 
 def _stage(out: Path) -> Path:
@@ -499,13 +499,15 @@ def _stage(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _whole_or_nothing(out: Path):
-    """A run that fails (a full disk, bad data, Ctrl-C) leaves ``out`` as it was: its staged
-    results are removed, and ``out`` too, with its parents, if the run made them. Yields the
-    list that ``check_task_outputs`` fills with the folders it makes."""
+def _whole_or_nothing(config: TaskConfig):
+    """The output folder ``config.out``, checked and made (``check_task_outputs``), for a run
+    that, if it fails (a full disk, bad data, Ctrl-C), leaves it as it was: its staged results
+    are removed, and the folder too, with its parents, if the run made them."""
+    out = Path(config.out)
     made: list[Path] = []
     try:
-        yield made
+        out, made = check_task_outputs(config)
+        yield out
     except BaseException as err:
         shutil.rmtree(_stage(out), ignore_errors=True)
         remove_made_folders(made)
@@ -551,31 +553,26 @@ OUTPUT_FILES = (
 )
 
 
-def check_task_outputs(config: TaskConfig, made: list[Path] | None = None) -> Path:
-    """The output folder ``config.out``, made if missing (the folders made are added to
-    ``made``), after checking every file a run writes there by the output policy of every
-    command (``atomic.check_output``: no earlier run's file without ``overwrite``, never a data
-    file, a link, a device or a pipe)."""
+def check_task_outputs(config: TaskConfig) -> tuple[Path, list[Path]]:
+    """The output folder ``config.out``, made if missing (and the folders made, for
+    ``remove_made_folders``), after checking every file a run writes there by the output policy
+    of every command (``atomic.check_output``: no earlier run's file without ``overwrite``,
+    never a data file, a link, a device or a pipe)."""
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; give a folder to write the results into")
     check_outputs_in(out, OUTPUT_FILES, config.overwrite, [config.train, config.dev, config.test])
     try:
-        folders = make_folders(out)
+        made = make_folders(out)
     except PermissionError:
         raise PermissionError(f"cannot make the output folder {out}: its parent is not writable") from None
-    if made is not None:
-        made.extend(folders)
-    return out
+    return out, made
 
 
-def _run_task(
-    config: TaskConfig, log: Callable[[str], None] | None, command: str | None, made: list[Path]
-) -> dict:
+def _run_task(config: TaskConfig, out: Path, log: Callable[[str], None] | None, command: str | None) -> dict:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     config = copy.deepcopy(config)  # the ELMo sizes get filled in below; the caller's copy stays
     log = log or (lambda message: _log(config, message))
-    out = check_task_outputs(config, made)
     _seed_everything(config.seed)
     task, tagging = config.task, config.task != "sentiment"
 
